@@ -1,0 +1,38 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.nala-installed
+# The torch/torchvision pair this project is tested with (on x86_64 Python 3.11 pip finds them on disk).
+TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
+
+.PHONY: install demo test lint format bench clean
+
+install: $(STAMP)
+
+$(STAMP): setup.cfg pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q $(TORCH_PINS) setuptools wheel numpy
+	# basicsr 1.4.2's setup.py imports torch: build it against the torch above, not in isolation.
+	$(BIN)/pip install -q --no-build-isolation basicsr==1.4.2
+	$(BIN)/pip install -q -e '.[sr,diffusion,plot,test]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/nala-bench entropy --out outputs/demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: $(STAMP)
+	$(BIN)/nala-bench attention
+	$(BIN)/nala-bench entropy
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,134 @@
+"""Functional attention over (B, heads, N, d) tensors: the linear-time op and its explicit reference.
+
+``linear_attention`` never forms an N x N tensor. It streams over chunks of tokens: first it sums the key
+features into a (F, dv) state and an (F,) normaliser, then maps each chunk of queries through them, so the
+extra memory is O(chunk * F + F * dv) on top of the output. Math runs in float32 whatever the input dtype
+(bf16/fp16 inputs accumulate in fp32; the output is cast back).
+
+``reference_attention`` builds the full weight matrix (O(N^2)); tests use it to pin the linear form, and
+diagnostics read the weights from :func:`attention_weights`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .kernels import SOFTMAX_KERNELS, feature_map, upcast
+from .rope import apply_rope
+
+Tensor = torch.Tensor
+Rope = tuple[Tensor, Tensor]
+
+# Tokens per chunk. Big enough that the matmuls stay efficient, small enough that the temporaries stay
+# below glibc's mmap threshold on CPU (fresh large tensors page-fault on first touch and are slow here).
+DEFAULT_CHUNK = 4096
+
+# Denominators are clamped, not offset by an epsilon: an added epsilon would shrink rows whose features
+# are all tiny; a clamp only acts when the denominator is zero, i.e. a query that matches no key at all.
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v must be (B, heads, N, d) tensors")
+    if q.shape[-1] != k.shape[-1] or k.shape[:-1] != v.shape[:-1]:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+
+
+def _rope_slice(rope: Rope | None, start: int, stop: int) -> Rope | None:
+    return None if rope is None else (rope[0][start:stop], rope[1][start:stop])
+
+
+def _rotate(x: Tensor, rope: Rope | None) -> Tensor:
+    return x if rope is None else apply_rope(x, *rope)
+
+
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, rope: Rope | None = None) -> Tensor:
+    """Fused softmax attention (``scaled_dot_product_attention``), RoPE applied to q and k.
+
+    On CPU half-precision inputs are upcast to fp32 (no native half kernels there, and huge logits would
+    overflow); on GPUs the fused kernels already accumulate in fp32.
+    """
+    _check(q, k, v)
+    dtype = v.dtype
+    if q.device.type == "cpu":
+        q, k, v = upcast(q), upcast(k), upcast(v)
+    if rope is not None:
+        q, k = apply_rope(q, *rope).to(q.dtype), apply_rope(k, *rope).to(k.dtype)
+    return F.scaled_dot_product_attention(q, k, v).to(dtype)
+
+
+def linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    kernel: str = "nala",
+    rope: Rope | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+    **kernel_options,
+) -> Tensor:
+    """Non-causal kernelised attention in O(N) time and memory.
+
+    Args:
+        q, k: (B, heads, N, d) queries and keys (N may differ between them).
+        v: (B, heads, N_k, dv) values.
+        kernel: a name from :func:`~nala_gen.attention.kernels.kernel_names`; ``softmax`` uses fused SDPA.
+        rope: optional (cos, sin) tables from :func:`~nala_gen.attention.rope.rope_2d` for the feature
+            size (or for d with ``softmax``); applied to the numerator only, so rows still sum to one.
+        chunk_size: tokens processed at a time.
+        **kernel_options: forwarded to the feature map (e.g. ``lam``, ``tau`` for ``nala``).
+
+    Returns:
+        (B, heads, N_q, dv) in v's dtype.
+    """
+    if kernel in SOFTMAX_KERNELS:
+        return softmax_attention(q, k, v, rope)
+    _check(q, k, v)
+    phi = feature_map(kernel)
+    kv, k_sum = None, None
+    for start in range(0, k.shape[-2], chunk_size):
+        stop = start + chunk_size
+        phi_k = phi(k[..., start:stop, :], False, **kernel_options)
+        v_chunk = upcast(v[..., start:stop, :])
+        kv_part = _rotate(phi_k, _rope_slice(rope, start, stop)).transpose(-2, -1) @ v_chunk
+        sum_part = phi_k.sum(dim=-2, keepdim=True)
+        kv = kv_part if kv is None else kv.add_(kv_part)
+        k_sum = sum_part if k_sum is None else k_sum.add_(sum_part)
+
+    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=v.dtype, device=v.device)
+    for start in range(0, q.shape[-2], chunk_size):
+        stop = start + chunk_size
+        phi_q = phi(q[..., start:stop, :], True, **kernel_options)
+        denominator = (phi_q * k_sum).sum(dim=-1, keepdim=True).clamp_min_(_TINY)
+        numerator = _rotate(phi_q, _rope_slice(rope, start, stop)) @ kv
+        out[..., start:stop, :] = numerator.div_(denominator)
+    return out
+
+
+def attention_weights(q: Tensor, k: Tensor, kernel: str = "nala", rope: Rope | None = None, **kernel_options) -> Tensor:
+    """The explicit (B, heads, N_q, N_k) weight matrix, float32. O(N^2) memory: tests and diagnostics.
+
+    With RoPE the numerator weights are returned (rows normalised by the unrotated features, as in
+    :func:`linear_attention`); without it every weight is >= 0 and each row sums to one.
+    """
+    if kernel in SOFTMAX_KERNELS:
+        q, k = upcast(q), upcast(k)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
+    phi = feature_map(kernel)
+    phi_q, phi_k = phi(q, True, **kernel_options), phi(k, False, **kernel_options)
+    denominator = (phi_q @ phi_k.transpose(-2, -1)).sum(dim=-1, keepdim=True).clamp_min(_TINY)
+    return (_rotate(phi_q, rope) @ _rotate(phi_k, rope).transpose(-2, -1)) / denominator
+
+
+def reference_attention(
+    q: Tensor, k: Tensor, v: Tensor, kernel: str = "nala", rope: Rope | None = None, **kernel_options
+) -> Tensor:
+    """Explicit O(N^2) attention ``weights @ v`` for any kernel; the ground truth for tests."""
+    _check(q, k, v)
+    weights = attention_weights(q, k, kernel, rope, **kernel_options)
+    return (weights @ upcast(v)).to(v.dtype)

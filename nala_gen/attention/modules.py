@@ -1,0 +1,140 @@
+"""Attention and transformer-block modules built on :func:`linear_attention`.
+
+``NaLaAttention`` follows the official NaLaFormer block: q/k/v projections, kernelised attention with
+optional 2-D RoPE on the numerator, LePE (a depthwise conv on v, added to the output) and an output gate
+``LN(o) * SiLU(g)``. The attention type is a constructor argument, so any model built on these modules can
+be ablated by one config value.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .functional import linear_attention
+from .kernels import feature_dim, kernel_names
+from .rope import rope_2d
+
+Tensor = torch.Tensor
+Grid = tuple[int, int]
+
+
+def tokens_to_map(x: Tensor, hw: Grid) -> Tensor:
+    """(B, N, C) tokens in row-major order -> (B, C, H, W)."""
+    b, n, c = x.shape
+    h, w = hw
+    if n != h * w:
+        raise ValueError(f"{n} tokens do not fill a {h}x{w} grid")
+    return x.transpose(1, 2).reshape(b, c, h, w)
+
+
+def map_to_tokens(x: Tensor) -> Tensor:
+    """(B, C, H, W) -> (B, H*W, C)."""
+    return x.flatten(2).transpose(1, 2)
+
+
+class NaLaAttention(nn.Module):
+    """Multi-head kernelised self-attention over (B, N, C) tokens.
+
+    Args:
+        dim: channels C (divisible by ``num_heads``).
+        num_heads: attention heads.
+        attn_type: any name from :func:`~nala_gen.attention.kernel_names` (``nala``, ``nala_split``,
+            ``relu``, ``elu1``, ``focused``, ``softmax``).
+        qkv_bias: bias in the q/k/v projection.
+        use_rope: 2-D RoPE when a grid is given (numerator features; q/k for softmax).
+        use_lepe: locally-enhanced positional encoding, a 3x3 depthwise conv on v (needs a grid).
+        use_gate: output gate ``LayerNorm(o) * SiLU(W_g x)``.
+        kernel_options: extra feature-map arguments, e.g. ``{"lam": 3.0, "tau": 0.5}``.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        attn_type: str = "nala",
+        qkv_bias: bool = True,
+        use_rope: bool = True,
+        use_lepe: bool = True,
+        use_gate: bool = True,
+        kernel_options: dict | None = None,
+    ) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
+        if attn_type not in kernel_names():
+            raise ValueError(f"unknown attn_type {attn_type!r}; choose one of {', '.join(kernel_names())}")
+        self.num_heads = num_heads
+        self.attn_type = attn_type
+        self.use_rope = use_rope
+        self.kernel_options = dict(kernel_options or {})
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.lepe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim) if use_lepe else None
+        self.gate = nn.Linear(dim, dim) if use_gate else None
+        self.out_norm = nn.LayerNorm(dim) if use_gate else None
+        self.proj = nn.Linear(dim, dim)
+
+    def _rope(self, hw: Grid | None, head_dim: int, device: torch.device) -> tuple[Tensor, Tensor] | None:
+        if not self.use_rope or hw is None:
+            return None
+        # Linear kernels rotate their features (2d wide for the cosine/split maps), softmax rotates q, k.
+        dim = feature_dim(self.attn_type, head_dim, **self.kernel_options)
+        return rope_2d(hw[0], hw[1], dim, device=device) if dim % 4 == 0 else None
+
+    def forward(self, x: Tensor, hw: Grid | None = None) -> Tensor:
+        """x: (B, N, C); hw: the (H, W) grid of the N tokens (enables RoPE and LePE). Returns (B, N, C)."""
+        b, n, c = x.shape
+        if hw is not None and hw[0] * hw[1] != n:
+            raise ValueError(f"{n} tokens do not fill a {hw[0]}x{hw[1]} grid")
+        heads = self.num_heads
+        q, k, v = self.qkv(x).reshape(b, n, 3, heads, c // heads).permute(2, 0, 3, 1, 4)
+        rope = self._rope(hw, c // heads, x.device)
+        out = linear_attention(q, k, v, kernel=self.attn_type, rope=rope, **self.kernel_options)
+        out = out.transpose(1, 2).reshape(b, n, c)
+        if self.lepe is not None and hw is not None:
+            v_map = tokens_to_map(v.transpose(1, 2).reshape(b, n, c), hw)
+            out = out + map_to_tokens(self.lepe(v_map))
+        if self.gate is not None:
+            out = self.out_norm(out) * F.silu(self.gate(x))
+        return self.proj(out)
+
+
+class ConvFFN(nn.Module):
+    """Linear -> 3x3 depthwise conv over the grid (skipped without one) -> GELU -> Linear."""
+
+    def __init__(self, dim: int, hidden_dim: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.dwconv = nn.Conv2d(hidden_dim, hidden_dim, 3, padding=1, groups=hidden_dim)
+        self.fc2 = nn.Linear(hidden_dim, dim)
+
+    def forward(self, x: Tensor, hw: Grid | None = None) -> Tensor:
+        x = self.fc1(x)
+        if hw is not None:
+            x = x + map_to_tokens(self.dwconv(tokens_to_map(x, hw)))
+        return self.fc2(F.gelu(x))
+
+
+class NaLaBlock(nn.Module):
+    """Pre-norm transformer block: ``x + attn(LN(x))`` then ``x + ConvFFN(LN(x))``.
+
+    Args:
+        dim, num_heads, attn_type: as in :class:`NaLaAttention`.
+        mlp_ratio: hidden width of the FFN relative to ``dim``.
+        **attn_kwargs: forwarded to :class:`NaLaAttention`.
+    """
+
+    def __init__(
+        self, dim: int, num_heads: int, attn_type: str = "nala", mlp_ratio: float = 2.0, **attn_kwargs
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = NaLaAttention(dim, num_heads, attn_type=attn_type, **attn_kwargs)
+        self.norm2 = nn.LayerNorm(dim)
+        self.ffn = ConvFFN(dim, int(dim * mlp_ratio))
+
+    def forward(self, x: Tensor, hw: Grid | None = None) -> Tensor:
+        """x: (B, N, C) -> (B, N, C)."""
+        x = x + self.attn(self.norm1(x), hw)
+        return x + self.ffn(self.norm2(x), hw)

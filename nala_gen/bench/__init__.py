@@ -1,0 +1,1 @@
+"""Benchmarks reachable as ``nala-bench``; the scripts in ``benchmarks/`` call these."""

@@ -1,0 +1,222 @@
+"""Attention latency and peak memory against token count, each configuration in a fresh process.
+
+For every N and method a worker process allocates q, k, v of shape (1, heads, N, d), resets the RSS
+high-water mark, runs the op once (its peak extra memory is the RSS high-water mark above that baseline),
+then times ``repeats`` more runs and reports their median. Explicit softmax is only run where its two
+N x N matrices fit the memory budget; beyond that the result records the memory it would need. The same
+run measures ``torch.mm`` GFLOP/s and copy bandwidth, so ratios are side by side.
+
+    nala-bench attention [--sizes 1024 4096 ...] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from nala_gen.attention import feature_dim, linear_attention
+from nala_gen.profiling import PeakMemory
+
+SIZES = (1024, 4096, 16384, 65536, 71680)
+METHODS = ("nala", "nala_split", "relu", "softmax_sdpa", "softmax_explicit")
+EXPLICIT_BUDGET_BYTES = 10 * 2**30
+
+
+def explicit_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v with the N x N matrix materialised (ESRT-style, eager)."""
+    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def explicit_bytes(n: int, heads: int) -> int:
+    """Scores plus softmax output, fp32: two (heads, N, N) matrices."""
+    return 2 * heads * n * n * 4
+
+
+def method_fn(method: str, q, k, v):
+    if method == "softmax_sdpa":
+        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    if method == "softmax_explicit":
+        return lambda: explicit_softmax(q, k, v)
+    return lambda: linear_attention(q, k, v, kernel=method)
+
+
+def linear_flops(method: str, n: int, heads: int, d: int) -> int:
+    """Matmul FLOPs of the linear op: key state, query numerator and denominator."""
+    f = feature_dim(method, d)
+    return heads * n * (4 * f * d + 2 * f)
+
+
+def worker(method: str, n: int, heads: int, d: int, repeats: int) -> dict:
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        q, k, v = (torch.randn(1, heads, n, d) for _ in range(3))
+        fn = method_fn(method, q, k, v)
+        with PeakMemory("cpu") as memory:
+            start = time.perf_counter()
+            fn()
+            runs = [time.perf_counter() - start]
+        for _ in range(repeats - 1):
+            start = time.perf_counter()
+            fn()
+            runs.append(time.perf_counter() - start)
+    return {"latency_s": statistics.median(runs), "runs_s": runs, "peak_extra_bytes": memory.peak_bytes}
+
+
+def machine_floor() -> dict:
+    """torch.mm fp32 GFLOP/s (2048^3) and copy bandwidth (256 MiB, read + write counted)."""
+    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    out = torch.empty(2048, 2048)
+    mm = []
+    for _ in range(7):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        mm.append(time.perf_counter() - start)
+    src = torch.randn(64 * 2**20)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    copy = []
+    for _ in range(7):
+        start = time.perf_counter()
+        dst.copy_(src)
+        copy.append(time.perf_counter() - start)
+    return {
+        "mm_gflops": 2 * 2048**3 / statistics.median(mm[1:]) / 1e9,
+        "copy_gbps": 2 * src.numel() * 4 / statistics.median(copy) / 1e9,
+    }
+
+
+def run_config(method: str, n: int, heads: int, d: int, repeats: int, thp: bool) -> dict:
+    row = {"method": method, "tokens": n, "heads": heads, "head_dim": d}
+    if method == "softmax_explicit" and explicit_bytes(n, heads) > EXPLICIT_BUDGET_BYTES:
+        need = explicit_bytes(n, heads)
+        return {
+            **row,
+            "status": "skipped",
+            "needs_bytes": need,
+            "note": f"explicit N x N softmax needs ~{need / 1e9:.0f} GB (computed, not measured)",
+        }
+    env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1" if thp else "0"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "nala_gen.bench.attention_scaling",
+        "--worker",
+        method,
+        "--sizes",
+        str(n),
+        "--heads",
+        str(heads),
+        "--head-dim",
+        str(d),
+        "--repeats",
+        str(repeats),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        reason = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+        return {**row, "status": "failed", "note": reason}
+    return {**row, "status": "ok", **json.loads(proc.stdout.strip().splitlines()[-1])}
+
+
+def summarise(rows: list[dict], floor: dict) -> None:
+    """Add achieved GFLOP/s, share of mm peak and the memory-traffic floor to the linear rows."""
+    for row in rows:
+        if row["status"] != "ok" or row["method"].startswith("softmax"):
+            continue
+        n, h, d = row["tokens"], row["heads"], row["head_dim"]
+        gflops = linear_flops(row["method"], n, h, d) / row["latency_s"] / 1e9
+        io_bytes = 4 * h * n * d * 4  # read q, k, v; write the output (fp32)
+        row["gflops"] = gflops
+        row["share_of_mm_peak"] = gflops / floor["mm_gflops"]
+        row["io_floor_s"] = io_bytes / (floor["copy_gbps"] * 1e9)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
+    for method in dict.fromkeys(r["method"] for r in rows):
+        ok = [r for r in rows if r["method"] == method and r["status"] == "ok"]
+        if not ok:
+            continue
+        tokens = [r["tokens"] for r in ok]
+        axes[0].loglog(tokens, [r["latency_s"] * 1e3 for r in ok], marker="o", label=method)
+        axes[1].loglog(tokens, [max(r["peak_extra_bytes"], 2**20) / 2**20 for r in ok], marker="o", label=method)
+    axes[0].set_ylabel("median latency (ms)")
+    axes[1].set_ylabel("peak extra memory (MiB, RSS)")
+    for ax in axes:
+        ax.set_xlabel("tokens N (4 heads, d = 32, fp32, batch 1)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Attention cost vs tokens on this CPU (each point a fresh process)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nala-bench attention", description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--head-dim", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--no-thp",
+        action="store_true",
+        help="do not ask PyTorch for transparent huge pages (THP_MEM_ALLOC_ENABLE)",
+    )
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.sizes[0], args.heads, args.head_dim, args.repeats)))
+        return 0
+
+    floor = machine_floor()
+    print(f"torch.mm fp32: {floor['mm_gflops']:.0f} GFLOP/s; copy: {floor['copy_gbps']:.1f} GB/s", flush=True)
+    rows = []
+    for n in args.sizes:
+        for method in args.methods:
+            row = run_config(method, n, args.heads, args.head_dim, args.repeats, not args.no_thp)
+            rows.append(row)
+            shown = (
+                f"{row['latency_s'] * 1e3:10.1f} ms {row['peak_extra_bytes'] / 2**20:8.1f} MiB"
+                if row["status"] == "ok"
+                else row.get("note", row["status"])
+            )
+            print(f"N={n:>6} {method:<17} {shown}", flush=True)
+    summarise(rows, floor)
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "thp": not args.no_thp,
+            **floor,
+        },
+        "repeats": args.repeats,
+        "rows": rows,
+    }
+    (args.out / "attention_scaling.json").write_text(json.dumps(result, indent=2))
+    plot(rows, args.out / "attention_scaling.png")
+    print(f"wrote {args.out / 'attention_scaling.json'} and {args.out / 'attention_scaling.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""``nala-bench``: the project's measurements, one sub-command each.
+
+nala-bench attention   latency and memory vs tokens for each kernel (fresh process per point)
+nala-bench entropy     attention entropy vs query norm for each kernel (PNG + JSON)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def entropy(argv: list[str]) -> int:
+    from nala_gen.attention import entropy_vs_query_norm, kernel_names
+
+    parser = argparse.ArgumentParser(prog="nala-bench entropy", description="Entropy vs query norm.")
+    parser.add_argument(
+        "--kernels",
+        nargs="+",
+        default=["softmax", "nala", "nala_split", "relu", "elu1"],
+        choices=kernel_names(),
+    )
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    png = args.out / "entropy_vs_query_norm.png"
+    result = entropy_vs_query_norm(tuple(args.kernels), save_png=png)
+    (args.out / "entropy_vs_query_norm.json").write_text(json.dumps(result, indent=2))
+    for kernel, series in result.items():
+        ent = series["entropy"]
+        print(
+            f"{kernel:<11} entropy at |q|={series['norm'][0]:.2f}: {ent[0]:.3f}   "
+            f"at |q|={series['norm'][-1]:.2f}: {ent[-1]:.3f}"
+        )
+    print(f"wrote {png}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    commands = {"entropy": entropy}
+    if not argv or argv[0] not in (*commands, "attention"):
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    if argv[0] == "attention":
+        from nala_gen.bench.attention_scaling import main as attention
+
+        return attention(argv[1:])
+    return commands[argv[0]](argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""One shared way to measure latency and peak memory, on CPU and CUDA.
+
+Used by the CLIs, the app and the benchmarks so every readout means the same thing: memory *above the level
+at the start* of the measured call.
+
+* CUDA: ``torch.cuda.max_memory_allocated`` (tensors only, exact).
+* CPU (Linux): the resident set size (RSS) high-water mark. It is reset to the current RSS at the start
+  (``/proc/self/clear_refs``) and read from ``VmHWM`` at the end, so the figure is exact and includes every
+  allocation, not just tensors. Where the reset is not allowed, a background thread samples the RSS every
+  millisecond instead (a lower bound).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+
+def _status_kib(field_name: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            match = re.search(rf"^{field_name}:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return 0
+    return int(match.group(1)) if match else 0
+
+
+def current_rss() -> int:
+    """Resident set size of this process in bytes (0 where /proc is unavailable)."""
+    return _status_kib("VmRSS") * 1024
+
+
+def peak_rss() -> int:
+    """The RSS high-water mark since the process started or since :func:`reset_peak_rss`, in bytes."""
+    return _status_kib("VmHWM") * 1024
+
+
+def reset_peak_rss() -> bool:
+    """Reset the RSS high-water mark to the current RSS (Linux >= 4.0). False where not allowed."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return peak_rss() > 0
+
+
+@dataclass
+class Measurement:
+    """What one measured call cost. ``peak_mem_bytes`` is memory above the level at the start."""
+
+    latency_s: float
+    peak_mem_bytes: int
+    device: str
+    runs: list[float] = field(default_factory=list)
+
+    @property
+    def peak_mem_mib(self) -> float:
+        return self.peak_mem_bytes / 2**20
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "peak_mem_mib": round(self.peak_mem_mib, 1)}
+
+
+class PeakMemory:
+    """Context manager: ``with PeakMemory(device) as pm: ...`` then ``pm.peak_bytes``."""
+
+    def __init__(self, device: torch.device | str = "cpu", interval_s: float = 0.001) -> None:
+        self.device = torch.device(device)
+        self.interval_s = interval_s
+        self.peak_bytes = 0
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start = torch.cuda.memory_allocated(self.device)
+            return self
+        self._start = current_rss()
+        self._exact = reset_peak_rss()
+        self._sampled = self._start
+        self._thread = None
+        if not self._exact:
+            self._stop = threading.Event()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            self._sampled = max(self._sampled, current_rss())
+            self._stop.wait(self.interval_s)
+
+    def __exit__(self, *exc) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.peak_bytes = torch.cuda.max_memory_allocated(self.device) - self._start
+            return
+        if self._exact:
+            peak = peak_rss()
+        else:
+            self._stop.set()
+            self._thread.join()
+            peak = max(self._sampled, current_rss())
+        self.peak_bytes = max(0, peak - self._start)
+
+
+def synchronize(device: torch.device | str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure(
+    fn: Callable[[], object], device: torch.device | str = "cpu", repeats: int = 1, warmup: int = 0
+) -> tuple[object, Measurement]:
+    """Run ``fn`` ``warmup + repeats`` times; return its last result and the median latency and peak memory."""
+    for _ in range(warmup):
+        fn()
+    runs: list[float] = []
+    result = None
+    with PeakMemory(device) as pm:
+        for _ in range(repeats):
+            synchronize(device)
+            start = time.perf_counter()
+            result = fn()
+            synchronize(device)
+            runs.append(time.perf_counter() - start)
+    return result, Measurement(statistics.median(runs), pm.peak_bytes, str(device), runs)

@@ -1,0 +1,171 @@
+"""The NaLa attention core: the linear form against the explicit one, and the kernel properties."""
+
+import pytest
+import torch
+
+from nala_gen.attention import (
+    NaLaAttention,
+    NaLaBlock,
+    attention_entropy,
+    attention_weights,
+    entropy_vs_query_norm,
+    kernel_names,
+    linear_attention,
+    reference_attention,
+    rope_2d,
+)
+
+LINEAR = [k for k in kernel_names() if k != "softmax"]
+
+
+def qkv(b=2, h=3, n=37, d=16, dv=8, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, h, n, x, generator=gen).to(dtype) for x in (d, d, dv))
+
+
+@pytest.mark.parametrize("kernel", kernel_names())
+def test_linear_equals_explicit(kernel):
+    # Chunks smaller than N exercise the streaming path. Tolerance: 1e-5 absolute in fp32.
+    q, k, v = qkv()
+    fast = linear_attention(q, k, v, kernel=kernel, chunk_size=10)
+    slow = reference_attention(q, k, v, kernel=kernel)
+    assert fast.shape == (2, 3, 37, 8)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", ["nala", "nala_split", "relu", "softmax"])
+def test_linear_equals_explicit_with_rope(kernel):
+    q, k, v = qkv(n=5 * 7)
+    from nala_gen.attention import feature_dim
+
+    rope = rope_2d(5, 7, feature_dim(kernel, 16))
+    fast = linear_attention(q, k, v, kernel=kernel, rope=rope, chunk_size=8)
+    slow = reference_attention(q, k, v, kernel=kernel, rope=rope)
+    torch.testing.assert_close(fast, slow, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kernel", kernel_names())
+def test_weights_are_a_distribution(kernel):
+    q, k, _ = qkv()
+    w = attention_weights(q, k, kernel)
+    assert (w >= 0).all()
+    torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("scale", [0.0, 1e-30, 1e-8])
+def test_rows_sum_to_one_for_tiny_queries(scale):
+    # The norm must not bias the normalisation: a zero or near-zero query still gets a distribution.
+    q, k, _ = qkv()
+    w = attention_weights(q * scale, k, "nala")
+    torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), atol=1e-4, rtol=0)
+
+
+def test_nala_entropy_falls_with_query_norm_relu_does_not():
+    norms = torch.linspace(0.1, 2.5, 12)
+    result = entropy_vs_query_norm(("nala", "nala_split", "relu", "softmax"), norms=norms)
+    for kernel in ("nala", "nala_split", "softmax"):
+        ent = torch.tensor(result[kernel]["entropy"], dtype=torch.float64)
+        assert (ent[1:] < ent[:-1]).all(), f"{kernel} entropy is not strictly decreasing: {ent}"
+    relu = torch.tensor(result["relu"]["entropy"], dtype=torch.float64)
+    assert (relu - relu[0]).abs().max() < 1e-12
+
+
+def test_entropy_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "entropy.png"
+    entropy_vs_query_norm(("nala", "relu"), save_png=png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_attention_entropy_of_uniform_weights():
+    # Identical keys give uniform weights: entropy log(N), for any kernel.
+    q = torch.randn(1, 1, 4, 8)
+    k = torch.ones(1, 1, 16, 8)
+    ent = attention_entropy(q, k, "nala")
+    torch.testing.assert_close(ent, torch.full_like(ent, torch.log(torch.tensor(16.0)).item()).double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kernel", kernel_names())
+@pytest.mark.parametrize("scale", [0.0, 1e4])
+def test_zero_and_huge_inputs_stay_finite(kernel, dtype, scale):
+    q, k, v = qkv(dtype=dtype)
+    out = linear_attention(q * scale, k * scale, v, kernel=kernel)
+    assert out.dtype == dtype
+    assert torch.isfinite(out.float()).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("kernel", ["nala", "nala_split"])
+def test_nala_is_finite_up_to_the_dtype_limit(kernel, dtype):
+    # NaLa's features depend on the direction (and a saturating tanh of the norm), so any finite input
+    # works: here 1/16 of the dtype's largest value (randn stays below ~5, so the inputs are finite).
+    scale = torch.finfo(dtype).max / 16
+    q, k, v = qkv(dtype=dtype)
+    q, k = (q.float() * scale).to(dtype), (k.float() * scale).to(dtype)
+    assert torch.isfinite(q.float()).all()
+    out = linear_attention(q, k, v, kernel=kernel)
+    assert out.dtype == dtype
+    assert torch.isfinite(out.float()).all()
+
+
+def test_half_inputs_accumulate_in_fp32():
+    q, k, v = qkv(n=256)
+    ref = linear_attention(q, k, v)
+    half = linear_attention(q.half(), k.half(), v.half())
+    # Only the input rounding (fp16, ~5e-4 relative) is lost, not the accumulation over 256 tokens.
+    torch.testing.assert_close(half.float(), ref, atol=3e-3, rtol=0)
+
+
+@pytest.mark.parametrize("kernel", LINEAR)
+def test_gradcheck(kernel):
+    q, k, v = (t.double().requires_grad_() for t in qkv(b=1, h=1, n=6, d=4, dv=3))
+    assert torch.autograd.gradcheck(lambda a, b, c: linear_attention(a, b, c, kernel=kernel), (q, k, v))
+
+
+def test_no_quadratic_tensor_is_built(monkeypatch):
+    # Every tensor the linear op allocates must be O(N * d): record the largest one.
+    q, k, v = qkv(b=1, h=1, n=2048, d=16, dv=16)
+    sizes = []
+    original = torch.Tensor.__matmul__
+
+    def spy(a, b):
+        out = original(a, b)
+        sizes.append(out.numel())
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
+    linear_attention(q, k, v, kernel="nala", chunk_size=512)
+    assert sizes and max(sizes) <= 2048 * 32
+
+
+def test_unknown_kernel_is_a_clear_error():
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="unknown attention kernel 'nope'"):
+        linear_attention(q, k, v, kernel="nope")
+
+
+@pytest.mark.parametrize("attn_type", kernel_names())
+@pytest.mark.parametrize("hw", [(7, 5), (1, 9), None])
+def test_module_shapes_odd_grids(attn_type, hw):
+    n = 35 if hw is None else hw[0] * hw[1]
+    attn = NaLaAttention(32, num_heads=4, attn_type=attn_type)
+    block = NaLaBlock(32, num_heads=4, attn_type=attn_type)
+    x = torch.randn(3, n, 32)
+    assert attn(x, hw).shape == (3, n, 32)
+    assert block(x, hw).shape == (3, n, 32)
+
+
+def test_module_same_seed_same_output():
+    def run(seed):
+        torch.manual_seed(seed)
+        block = NaLaBlock(32, num_heads=4)
+        return block(torch.randn(2, 30, 32), (5, 6))
+
+    torch.testing.assert_close(run(1), run(1), atol=0, rtol=0)
+    assert not torch.equal(run(1), run(2))
+
+
+def test_module_rejects_a_wrong_grid():
+    with pytest.raises(ValueError, match="do not fill"):
+        NaLaBlock(32, 4)(torch.randn(1, 30, 32), (4, 4))
