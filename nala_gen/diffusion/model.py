@@ -1,0 +1,237 @@
+"""NaLaDiT: a class-conditional DiT whose self-attention runs any kernel of ``nala_gen.attention`` (NaLa by default).
+
+Layout (DiT, Peebles & Xie 2023): patchify conv -> + 2-D sin-cos positions -> ``depth`` adaLN-Zero blocks
+conditioned on one vector c = timestep embedding + class embedding -> adaLN final layer -> unpatchify.
+Attention uses diffusers' ``Attention`` module with a :class:`~nala_gen.diffusion.processors.NaLaAttnProcessor`,
+chosen by the config field ``attention_type``: a NaLa model and its softmax twin differ by that one value and
+have identical state dicts.
+
+The same network serves both objectives: DiT (epsilon prediction, timesteps in [0, 1000)) and SiT (flow matching:
+it outputs ``noise - data`` at timestep ``1000 * sigma``), see :mod:`nala_gen.diffusion.pipeline`.
+"""
+
+from __future__ import annotations
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.attention import AttentionMixin, FeedForward
+from diffusers.models.attention_processor import Attention
+from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+# ``ModelMixin`` must be an attribute of this module: a pipeline saved with this model records the library as
+# "nala_gen.diffusion.model", and diffusers' loader looks the base class up there to pick the load method.
+from diffusers.models.modeling_utils import ModelMixin
+from torch import nn
+
+from nala_gen.attention import feature_dim, rope_2d
+
+from .embeddings import TimestepClassEmbedding, sincos_pos_embed_2d
+from .processors import NaLaAttnProcessor
+
+Tensor = torch.Tensor
+
+# hidden size, depth, heads of the DiT paper's sizes (patch size in the name), plus a tiny one for tests and demos.
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "tiny": {"hidden_size": 64, "depth": 2, "num_attention_heads": 2, "patch_size": 2},
+    "S/2": {"hidden_size": 384, "depth": 12, "num_attention_heads": 6, "patch_size": 2},
+    "B/2": {"hidden_size": 768, "depth": 12, "num_attention_heads": 12, "patch_size": 2},
+    "L/2": {"hidden_size": 1024, "depth": 24, "num_attention_heads": 16, "patch_size": 2},
+    "XL/2": {"hidden_size": 1152, "depth": 28, "num_attention_heads": 16, "patch_size": 2},
+}
+
+
+def _modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
+    """adaLN: x (B, N, C) * (1 + scale) + shift, with per-sample (B, C) shift and scale."""
+    return x * (1 + scale[:, None]) + shift[:, None]
+
+
+class NaLaDiTBlock(nn.Module):
+    """adaLN-Zero transformer block: ``x + gate * attn(modulate(LN(x)))``, then the same with an MLP.
+
+    The modulation is zero-initialised by the model, so every block starts as the identity (DiT's adaLN-Zero).
+    """
+
+    def __init__(
+        self,
+        hidden_size: int,
+        num_heads: int,
+        mlp_ratio: float,
+        processor: NaLaAttnProcessor,
+        qk_norm: str | None = None,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
+        self.attn = Attention(
+            query_dim=hidden_size,
+            heads=num_heads,
+            dim_head=hidden_size // num_heads,
+            bias=True,
+            qk_norm=qk_norm,
+            processor=processor,
+        )
+        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
+        inner = int(hidden_size * mlp_ratio)
+        self.ff = FeedForward(hidden_size, activation_fn="gelu-approximate", inner_dim=inner)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
+
+    def forward(self, x: Tensor, c: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """x (B, N, C) tokens, c (B, C) conditioning, optional RoPE tables -> (B, N, C)."""
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=-1)
+        # Pass rope only when used: diffusers warns about kwargs a (user-set) processor does not accept.
+        attn_kwargs = {} if rope is None else {"rope": rope}
+        x = x + gate_msa[:, None] * self.attn(_modulate(self.norm1(x), shift_msa, scale_msa), **attn_kwargs)
+        return x + gate_mlp[:, None] * self.ff(_modulate(self.norm2(x), shift_mlp, scale_mlp))
+
+
+class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin, AttentionMixin):
+    """Class-conditional diffusion transformer with NaLa (or any ``nala_gen`` kernel) self-attention.
+
+    Args:
+        sample_size: training latent size (pipelines use it for the default resolution; the model runs at any
+            size divisible by ``patch_size``).
+        patch_size: side of the square patches (tokens = (H / p) * (W / p)).
+        in_channels: input channels (4 for SD-VAE latents, 3 for pixels).
+        hidden_size, depth, num_attention_heads: width, number of blocks, heads (see :data:`MODEL_SIZES`).
+        mlp_ratio: MLP hidden size / hidden_size.
+        num_classes: number of classes; the embedding table has one more row, the null class ``num_classes``.
+        learn_sigma: also output the (DDPM learned-range) variance, so ``out_channels = 2 * in_channels``.
+        attention_type: attention kernel: ``nala``, ``nala_split``, ``relu``, ``elu1``, ``focused`` or ``softmax``.
+        attention_kernel_options: feature-map arguments, e.g. ``{"lam": 3.0, "tau": 0.5}``.
+        qk_norm: optional per-head q/k norm of diffusers' ``Attention`` (``"layer_norm"``, ``"rms_norm"``...).
+        use_rope: 2-D RoPE on the attention (on the kernel features; on q/k for softmax) besides the absolute
+            positions.
+        interpolate_pos_embed: at a grid other than the training one, scale positions so that the longer side
+            spans the training grid (PixArt-style); False keeps one position per patch (extrapolation).
+        norm_eps: epsilon of the (affine-free) LayerNorms.
+    """
+
+    _supports_gradient_checkpointing = True
+    _no_split_modules = ["NaLaDiTBlock"]
+    _repeated_blocks = ["NaLaDiTBlock"]
+    _skip_layerwise_casting_patterns = ["embedder", "norm"]
+
+    @register_to_config
+    def __init__(
+        self,
+        sample_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = 4,
+        hidden_size: int = 1152,
+        depth: int = 28,
+        num_attention_heads: int = 16,
+        mlp_ratio: float = 4.0,
+        num_classes: int = 1000,
+        learn_sigma: bool = True,
+        attention_type: str = "nala",
+        attention_kernel_options: dict | None = None,
+        qk_norm: str | None = None,
+        use_rope: bool = False,
+        interpolate_pos_embed: bool = False,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        if hidden_size % num_attention_heads:
+            raise ValueError(f"hidden_size {hidden_size} is not divisible by num_attention_heads {num_attention_heads}")
+        self.out_channels = 2 * in_channels if learn_sigma else in_channels
+        self.gradient_checkpointing = False
+
+        self.x_embedder = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size)
+        self.embedder = TimestepClassEmbedding(hidden_size, num_classes)
+        # One stateless processor shared by all blocks.
+        processor = NaLaAttnProcessor(attention_type, **(attention_kernel_options or {}))
+        self.blocks = nn.ModuleList(
+            NaLaDiTBlock(hidden_size, num_attention_heads, mlp_ratio, processor, qk_norm, norm_eps)
+            for _ in range(depth)
+        )
+        self.norm_out = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
+        self.adaLN_out = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
+        self.proj_out = nn.Linear(hidden_size, patch_size * patch_size * self.out_channels)
+        self._init_weights()
+
+    @classmethod
+    def from_size(cls, name: str, **overrides) -> NaLaDiTTransformer2DModel:
+        """A randomly initialised model of a named size (``tiny``, ``S/2``, ``B/2``, ``L/2``, ``XL/2``).
+
+        ``overrides`` set any other config field (or replace the size's), e.g. ``attention_type="softmax"``.
+        """
+        if name not in MODEL_SIZES:
+            raise ValueError(f"unknown model size {name!r}; choose one of {', '.join(MODEL_SIZES)}")
+        return cls(**{**MODEL_SIZES[name], **overrides})
+
+    def _init_weights(self) -> None:
+        """DiT's initialisation: xavier linears, N(0, 0.02) embeddings, zero adaLN modulation and output."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+        # The patch conv is a linear map of flattened patches.
+        nn.init.xavier_uniform_(self.x_embedder.weight.view(self.x_embedder.weight.shape[0], -1))
+        nn.init.zeros_(self.x_embedder.bias)
+        nn.init.normal_(self.embedder.class_embedder.weight, std=0.02)
+        nn.init.normal_(self.embedder.timestep_embedder.linear_1.weight, std=0.02)
+        nn.init.normal_(self.embedder.timestep_embedder.linear_2.weight, std=0.02)
+        for block in self.blocks:
+            nn.init.zeros_(block.adaLN_modulation[-1].weight)
+            nn.init.zeros_(block.adaLN_modulation[-1].bias)
+        for linear in (self.adaLN_out[-1], self.proj_out):
+            nn.init.zeros_(linear.weight)
+            nn.init.zeros_(linear.bias)
+
+    def _pos_embed(self, grid_h: int, grid_w: int, device: torch.device) -> Tensor:
+        scale = 1.0
+        if self.config.interpolate_pos_embed:
+            scale = (self.config.sample_size // self.config.patch_size) / max(grid_h, grid_w)
+        return sincos_pos_embed_2d(self.config.hidden_size, grid_h, grid_w, scale, device)
+
+    def _rope(self, grid_h: int, grid_w: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        head_dim = self.config.hidden_size // self.config.num_attention_heads
+        options = self.config.attention_kernel_options or {}
+        return rope_2d(grid_h, grid_w, feature_dim(self.config.attention_type, head_dim, **options), device=device)
+
+    def forward(
+        self,
+        hidden_states: Tensor,
+        timestep: Tensor | float | int,
+        class_labels: Tensor,
+        return_dict: bool = True,
+    ) -> Transformer2DModelOutput | tuple[Tensor]:
+        """Predict noise (or flow velocity) for a batch.
+
+        Args:
+            hidden_states: (B, C_in, H, W) noisy latents/images, H and W divisible by ``patch_size``.
+            timestep: (B,) or a scalar, in [0, 1000] (DDPM step index or ``1000 * sigma``).
+            class_labels: (B,) ints in [0, num_classes]; ``num_classes`` is the null (unconditional) class.
+            return_dict: return a ``Transformer2DModelOutput`` (else a 1-tuple).
+
+        Returns:
+            ``sample`` of shape (B, out_channels, H, W); with ``learn_sigma`` the first ``in_channels`` channels
+            are the prediction and the rest the variance interpolation.
+        """
+        batch, _, height, width = hidden_states.shape
+        p = self.config.patch_size
+        if height % p or width % p:
+            raise ValueError(f"input size {height}x{width} is not divisible by the patch size {p}")
+        grid_h, grid_w = height // p, width // p
+        device, dtype = hidden_states.device, hidden_states.dtype
+
+        x = self.x_embedder(hidden_states).flatten(2).transpose(1, 2)  # (B, N, hidden)
+        x = x + self._pos_embed(grid_h, grid_w, device).to(x.dtype)
+        timestep = torch.as_tensor(timestep, device=device).float().reshape(-1).expand(batch)
+        c = self.embedder(timestep, class_labels.to(device).reshape(-1), x.dtype)
+        rope = self._rope(grid_h, grid_w, device) if self.config.use_rope else None
+
+        for block in self.blocks:
+            if torch.is_grad_enabled() and self.gradient_checkpointing:
+                x = self._gradient_checkpointing_func(block, x, c, rope)
+            else:
+                x = block(x, c, rope)
+
+        shift, scale = self.adaLN_out(c).chunk(2, dim=-1)
+        x = self.proj_out(_modulate(self.norm_out(x), shift, scale))  # (B, N, p * p * C_out)
+        x = x.reshape(batch, grid_h, grid_w, p, p, self.out_channels)
+        sample = x.permute(0, 5, 1, 3, 2, 4).reshape(batch, self.out_channels, height, width).to(dtype)
+        if not return_dict:
+            return (sample,)
+        return Transformer2DModelOutput(sample=sample)

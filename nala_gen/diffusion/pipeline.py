@@ -1,0 +1,238 @@
+"""``NaLaDiTPipeline``: class-conditional sampling with a NaLaDiT, as DiT (epsilon) or SiT (flow matching).
+
+The mode follows the scheduler:
+
+* DiT / epsilon prediction with ``DDPMScheduler``, ``DDIMScheduler``, ``DPMSolverMultistepScheduler`` (any
+  non-flow scheduler): the transformer predicts the noise at the scheduler's timestep in [0, 1000). A learned
+  sigma is handed to the scheduler only where it uses it (``DDPMScheduler`` with ``variance_type`` ``learned`` or
+  ``learned_range``); otherwise the first ``in_channels`` channels are used.
+* SiT / flow matching with ``FlowMatchEulerDiscreteScheduler`` or ``FlowMatchHeunDiscreteScheduler``. Our
+  convention is diffusers' (not SiT's): ``x_sigma = (1 - sigma) * data + sigma * noise``, the transformer is fed
+  ``timestep = 1000 * sigma`` (the scheduler's timesteps) and outputs the velocity ``noise - data`` directly, so
+  the scheduler steps on it unchanged. (SiT's ``t`` is ``1 - sigma`` and its velocity ``data - noise``.)
+
+Latent space with a VAE (decoded after dividing by ``vae.config.scaling_factor``) or pixel space without one (the
+transformer's output in [-1, 1] is the image). Classifier-free guidance uses the null class ``num_classes``.
+"""
+
+import inspect
+import time
+
+import torch
+from diffusers.models.autoencoders import AutoencoderKL
+from diffusers.pipelines.pipeline_utils import DiffusionPipeline, ImagePipelineOutput
+from diffusers.schedulers import DDPMScheduler, FlowMatchEulerDiscreteScheduler, FlowMatchHeunDiscreteScheduler
+from diffusers.schedulers.scheduling_utils import SchedulerMixin
+from diffusers.utils.torch_utils import randn_tensor
+
+from nala_gen.profiling import PeakMemory, synchronize
+
+from .model import NaLaDiTTransformer2DModel
+
+FLOW_SCHEDULERS = (FlowMatchEulerDiscreteScheduler, FlowMatchHeunDiscreteScheduler)
+LEARNED_VARIANCE = ("learned", "learned_range")
+
+
+class NaLaDiTPipeline(DiffusionPipeline):
+    """Class-conditional image generation with a :class:`NaLaDiTTransformer2DModel`.
+
+    Args:
+        transformer: the denoiser.
+        scheduler: a diffusers scheduler; FlowMatch schedulers select flow (SiT) mode, any other epsilon (DiT).
+        vae: optional ``AutoencoderKL``; without one the transformer works in pixel space.
+        id2label: optional ``{class id: name}`` (int or str ids, as JSON gives them back); a name may list
+            synonyms separated by commas (ImageNet style). Kept in the pipeline config, so it survives
+            ``save_pretrained`` / ``from_pretrained``.
+
+    After each call ``last_readout`` holds ``latency_s``, ``peak_mem_bytes`` (above the level at the start, see
+    :mod:`nala_gen.profiling`), ``tokens`` (patch tokens per image), ``steps`` and ``model_evals``.
+    """
+
+    model_cpu_offload_seq = "transformer->vae"
+    _optional_components = ["vae"]
+
+    def __init__(
+        self,
+        transformer: NaLaDiTTransformer2DModel,
+        scheduler: SchedulerMixin,
+        vae: AutoencoderKL | None = None,
+        id2label: dict | None = None,
+    ) -> None:
+        super().__init__()
+        self.register_modules(transformer=transformer, scheduler=scheduler, vae=vae)
+        # JSON turns int keys into strings; store them as strings so a loaded config equals the saved one.
+        self.register_to_config(id2label={str(k): v for k, v in id2label.items()} if id2label else None)
+        self.last_readout: dict | None = None
+
+    # ----------------------------------------------------------------------------------------------- labels
+    @property
+    def id2label(self) -> dict[int, str]:
+        """``{class id: name}`` as given (empty without labels)."""
+        return {int(k): v for k, v in (self.config.id2label or {}).items()}
+
+    @property
+    def labels(self) -> dict[str, int]:
+        """``{name: class id}`` for every comma-separated synonym, lower-cased."""
+        return {name.strip().lower(): i for i, names in self.id2label.items() for name in names.split(",")}
+
+    def get_label_ids(self, class_labels: int | str | list[int | str] | torch.Tensor) -> list[int]:
+        """Class ids for ints and/or names; ``num_classes`` (the null class) means unconditional.
+
+        Raises:
+            ValueError: for an id outside [0, num_classes] or an unknown name.
+        """
+        if isinstance(class_labels, torch.Tensor):
+            class_labels = class_labels.reshape(-1).tolist()
+        elif isinstance(class_labels, (int, str)):
+            class_labels = [class_labels]
+        num_classes = self.transformer.config.num_classes
+        labels, ids = self.labels, []
+        for label in class_labels:
+            if isinstance(label, str):
+                if label.strip().lower() not in labels:
+                    known = "no id2label was given" if not labels else f"{len(labels)} names are known"
+                    raise ValueError(f"unknown class name {label!r} ({known}; see pipe.labels)")
+                ids.append(labels[label.strip().lower()])
+            elif isinstance(label, int) and not isinstance(label, bool) and 0 <= label <= num_classes:
+                ids.append(label)
+            else:
+                raise ValueError(
+                    f"bad class id {label!r}: ids are ints in [0, {num_classes - 1}] ({num_classes} = unconditional)"
+                )
+        return ids
+
+    # ------------------------------------------------------------------------------------------------ modes
+    @property
+    def is_flow(self) -> bool:
+        """True when the scheduler is a flow-matching one (SiT mode), False for epsilon prediction (DiT mode)."""
+        return isinstance(self.scheduler, FLOW_SCHEDULERS)
+
+    @property
+    def vae_scale_factor(self) -> int:
+        if self.vae is None:
+            return 1
+        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    def _uses_learned_variance(self) -> bool:
+        # Only DDPM's step reads a learned variance; DPM-Solver's "learned" branch assumes 3 channels.
+        return isinstance(self.scheduler, DDPMScheduler) and self.scheduler.config.variance_type in LEARNED_VARIANCE
+
+    def _set_timesteps(self, num_inference_steps: int, tokens: int, device: torch.device) -> None:
+        kwargs = {}
+        if getattr(self.scheduler.config, "use_dynamic_shifting", False):
+            # Resolution-dependent shift as in SD3/Flux: mu interpolates linearly in the token count.
+            cfg = self.scheduler.config
+            slope = (cfg.max_shift - cfg.base_shift) / (cfg.max_image_seq_len - cfg.base_image_seq_len)
+            kwargs["mu"] = cfg.base_shift + slope * (tokens - cfg.base_image_seq_len)
+        self.scheduler.set_timesteps(num_inference_steps, device=device, **kwargs)
+
+    def _step_kwargs(self, generator: torch.Generator | list[torch.Generator] | None) -> dict:
+        return {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
+
+    def _predict(self, latents: torch.Tensor, t: torch.Tensor, labels: torch.Tensor, guidance_scale: float):
+        """One transformer evaluation (doubled batch under guidance) -> the model output for ``scheduler.step``."""
+        channels = self.transformer.config.in_channels
+        cfg = guidance_scale > 1
+        model_input = torch.cat([latents, latents]) if cfg else latents
+        if hasattr(self.scheduler, "scale_model_input"):
+            model_input = self.scheduler.scale_model_input(model_input, t)
+        timestep = t.to(model_input.device, torch.float32).reshape(-1).expand(model_input.shape[0])
+        out = self.transformer(model_input, timestep=timestep, class_labels=labels).sample
+        pred, rest = out[:, :channels], out[:, channels:]
+        if cfg:
+            cond, uncond = pred.chunk(2)
+            pred = uncond + guidance_scale * (cond - uncond)
+            rest = rest.chunk(2)[0]
+        if rest.shape[1] and self._uses_learned_variance():
+            return torch.cat([pred, rest], dim=1)
+        return pred
+
+    def _decode(self, latents: torch.Tensor, output_type: str):
+        if self.vae is not None:
+            latents = latents / self.vae.config.scaling_factor
+            shift = getattr(self.vae.config, "shift_factor", None)
+            if shift:
+                latents = latents + shift
+            latents = self.vae.decode(latents.to(self.vae.dtype)).sample
+        images = (latents / 2 + 0.5).clamp(0, 1)
+        if output_type == "pt":
+            return images
+        images = images.cpu().permute(0, 2, 3, 1).float().numpy()
+        return self.numpy_to_pil(images) if output_type == "pil" else images
+
+    # ------------------------------------------------------------------------------------------------- call
+    @torch.no_grad()
+    def __call__(
+        self,
+        class_labels: int | str | list[int | str] | torch.Tensor,
+        num_inference_steps: int = 50,
+        guidance_scale: float = 1.0,
+        generator: torch.Generator | list[torch.Generator] | None = None,
+        output_type: str = "pil",
+        height: int | None = None,
+        width: int | None = None,
+        return_dict: bool = True,
+    ) -> ImagePipelineOutput | tuple:
+        """Generate one image per class label.
+
+        Args:
+            class_labels: class ids and/or names (looked up in ``id2label``).
+            num_inference_steps: scheduler steps.
+            guidance_scale: classifier-free guidance scale; > 1 runs the null class alongside (batch doubled).
+            generator: ``torch.Generator`` (or one per image) for reproducible noise.
+            output_type: ``"pil"`` (list of PIL images), ``"np"`` (B, H, W, C) floats in [0, 1] or ``"pt"``
+                (B, C, H, W) tensor in [0, 1].
+            height, width: output size in pixels; default ``sample_size * vae_scale_factor``.
+            return_dict: return an ``ImagePipelineOutput`` (else a 1-tuple).
+        """
+        if output_type not in ("pil", "np", "pt"):
+            raise ValueError(f"output_type must be 'pil', 'np' or 'pt', got {output_type!r}")
+        config = self.transformer.config
+        factor = self.vae_scale_factor
+        height = height or config.sample_size * factor
+        width = width or config.sample_size * factor
+        multiple = factor * config.patch_size
+        if height % multiple or width % multiple:
+            raise ValueError(f"height and width must be multiples of {multiple}, got {height}x{width}")
+        latent_h, latent_w = height // factor, width // factor
+        tokens = (latent_h // config.patch_size) * (latent_w // config.patch_size)
+
+        ids = self.get_label_ids(class_labels)
+        device = self._execution_device
+        labels = torch.tensor(ids, device=device)
+        if guidance_scale > 1:
+            labels = torch.cat([labels, torch.full_like(labels, config.num_classes)])
+
+        synchronize(device)
+        start = time.perf_counter()
+        with PeakMemory(device) as peak:
+            latents = randn_tensor(
+                (len(ids), config.in_channels, latent_h, latent_w),
+                generator=generator,
+                device=device,
+                dtype=self.transformer.dtype,
+            )
+            self._set_timesteps(num_inference_steps, tokens, device)
+            latents = latents * getattr(self.scheduler, "init_noise_sigma", 1.0)
+            step_kwargs = self._step_kwargs(generator)
+            timesteps = self.scheduler.timesteps
+            for t in self.progress_bar(timesteps):
+                model_output = self._predict(latents, t, labels, guidance_scale)
+                latents = self.scheduler.step(model_output, t, latents, **step_kwargs).prev_sample
+            images = self._decode(latents, output_type)
+            synchronize(device)
+        self.last_readout = {
+            "latency_s": time.perf_counter() - start,
+            "peak_mem_bytes": peak.peak_bytes,
+            "tokens": tokens,
+            "steps": num_inference_steps,
+            "model_evals": len(timesteps),
+            "batch": len(ids) * (2 if guidance_scale > 1 else 1),
+            "mode": "flow" if self.is_flow else "epsilon",
+            "attention_type": config.attention_type,
+            "device": str(device),
+        }
+        self.maybe_free_model_hooks()
+        if not return_dict:
+            return (images,)
+        return ImagePipelineOutput(images=images)

@@ -1,0 +1,168 @@
+"""NaLaSR and ESRT as BasicSR citizens: archs, data preparation, and real train/resume/test runs on CPU."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import nala_gen.sr  # noqa: F401  (registers the archs before basicsr is imported)
+from nala_gen.profiling import PeakMemory  # noqa: E402
+from nala_gen.sr.blocks import SR_ATTENTION_TYPES, TokenAttention  # noqa: E402
+from nala_gen.sr.data import prepare_benchmark, prepare_div2k, prepare_mini  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build_network(opt: dict) -> torch.nn.Module:
+    from basicsr.archs import build_network as basicsr_build  # after nala_gen.sr (import sorting moves tops)
+
+    return basicsr_build(opt)
+
+
+def n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("arch", ["ESRT", "NaLaSR"])
+@pytest.mark.parametrize("scale", [2, 3, 4])
+def test_archs_build_through_basicsr_and_keep_odd_sizes(arch, scale):
+    net = build_network({"type": arch, "upscale": scale})
+    with torch.no_grad():
+        out = net(torch.rand(2, 3, 13, 18))
+    assert out.shape == (2, 3, 13 * scale, 18 * scale)
+
+
+def test_nalasr_light_has_esrt_parameter_count():
+    # Only the attention differs, and it has no parameters of its own: an equal-budget comparison.
+    assert n_params(build_network({"type": "NaLaSR", "upscale": 4})) == n_params(
+        build_network({"type": "ESRT", "upscale": 4})
+    )
+
+
+@pytest.mark.parametrize("attn_type", SR_ATTENTION_TYPES)
+def test_every_attention_type_runs(attn_type):
+    net = build_network({"type": "NaLaSR", "upscale": 2, "attn_type": attn_type, "num_block": 1})
+    out = net(torch.rand(1, 3, 9, 11))
+    out.mean().backward()
+    assert out.shape == (1, 3, 18, 22)
+    assert all(p.grad is not None for p in net.transformer.parameters())
+
+
+def test_unknown_attention_type_is_rejected():
+    with pytest.raises(ValueError, match="unknown attn_type"):
+        build_network({"type": "NaLaSR", "attn_type": "flash"})
+
+
+def attention_peak(attn_type: str, tokens: int) -> int:
+    """Peak extra memory (bytes) of the parameter-free attention of one ET at a token count."""
+    attn = TokenAttention(288, 8, attn_type)
+    with torch.no_grad():
+        attn.attend(*(torch.randn(1, 8, 256, 18) for _ in range(3)), (4, 64))  # warm up thread pools
+    q, k, v = (torch.randn(1, 8, tokens, 18) for _ in range(3))
+    with torch.no_grad(), PeakMemory("cpu") as memory:
+        attn.attend(q, k, v, (tokens // 64, 64))
+    return memory.peak_bytes
+
+
+def test_nala_memory_grows_linearly_emha_quadratically():
+    # 4x the tokens: NaLa's extra memory grows ~4x (output + fixed-size chunks), ESRT's EMHA ~16x.
+    nala_growth = attention_peak("nala", 262144) / attention_peak("nala", 65536)
+    emha_growth = attention_peak("emha", 16384) / attention_peak("emha", 4096)
+    assert nala_growth < 6, nala_growth
+    assert emha_growth > 10, emha_growth
+
+
+def test_prepare_benchmark_layout(tmp_path):
+    hr = tmp_path / "hr"
+    hr.mkdir()
+    rng = np.random.default_rng(0)
+    for name, (h, w) in {"a": (50, 77), "b": (61, 40)}.items():
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(hr / f"{name}.png")
+    prepare_benchmark(hr, tmp_path / "Set", scales=[2, 3, 4])
+    for name in ("a", "b"):
+        gt = Image.open(tmp_path / "Set" / "GTmod12" / f"{name}.png")
+        assert gt.width % 12 == 0 and gt.height % 12 == 0
+        for s in (2, 3, 4):
+            lr = Image.open(tmp_path / "Set" / f"LRbicx{s}" / f"{name}.png")
+            assert (lr.width * s, lr.height * s) == gt.size
+
+
+def test_prepare_div2k_with_lmdb(tmp_path):
+    (tmp_path / "DIV2K_train_HR").mkdir()
+    img = np.random.default_rng(1).integers(0, 255, (130, 200, 3), dtype=np.uint8)
+    Image.fromarray(img).save(tmp_path / "DIV2K_train_HR" / "0001.png")
+    counts = prepare_div2k(tmp_path, scales=[2, 4], crop=96, step=48, lmdb=True)
+    subs = sorted((tmp_path / "DIV2K_train_HR_sub").glob("*.png"))
+    assert counts["sub_images"] == len(subs) == 2 * 4  # rows at 0, 34; columns at 0, 48, 96, 104
+    assert Image.open(subs[0]).size == (96, 96)
+    assert Image.open(tmp_path / "DIV2K_train_LR_bicubic" / "X4_sub" / subs[0].name).size == (24, 24)
+    meta = (tmp_path / "DIV2K_train_LR_bicubic" / "X2_sub.lmdb" / "meta_info.txt").read_text().splitlines()
+    assert len(meta) == 8 and meta[0].startswith("0001_s001.png (48,48,3)")
+
+
+def test_prepare_div2k_needs_its_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="DIV2K_train_HR"):
+        prepare_div2k(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def mini_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sr_run")
+    prepare_mini(root / "datasets" / "mini", scales=[4], limit=2)
+    return root
+
+
+def test_prepare_mini_layout(mini_root):
+    mini = mini_root / "datasets" / "mini"
+    hr = sorted((mini / "train" / "HR_sub").glob("*.png"))
+    assert hr and all(Image.open(p).size == (192, 192) for p in hr[:5])
+    assert {p.name for p in (mini / "train" / "LR_bicubic" / "X4_sub").glob("*.png")} == {p.name for p in hr}
+    val = sorted((mini / "val" / "GTmod12").glob("*.png"))
+    assert [p.stem for p in val] == ["china", "flower"]  # held out: never in the train split
+    for p in val:
+        gt, lr = Image.open(p), Image.open(mini / "val" / "LRbicx4" / p.name)
+        assert (lr.width * 4, lr.height * 4) == gt.size
+
+
+def run_basicsr(entry: str, option: Path, cwd: Path, *extra: str) -> str:
+    cmd = [sys.executable, "-m", f"nala_gen.sr.{entry}", "-opt", str(option), *extra]
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+SHORT_RUN = [
+    "--force_yml",
+    "datasets:train:gt_size=64",
+    "datasets:train:batch_size_per_gpu=4",
+    "val:val_freq=4",
+    "logger:save_checkpoint_freq=4",
+    "logger:print_freq=1",
+]
+
+
+def test_basicsr_train_resume_and_test_on_cpu(mini_root):
+    option = REPO / "options" / "train" / "NaLaSR" / "train_NaLaSR_light_x4_mini.yml"
+    log = run_basicsr("train", option, mini_root, *SHORT_RUN, "train:total_iter=4")
+    losses = [float(x) for x in re.findall(r"l_pix: ([0-9.e+-]+)", log)]
+    assert len(losses) == 4 and all(np.isfinite(losses)) and losses[-1] < losses[0], losses
+    exp = mini_root / "experiments" / "NaLaSR_light_x4_mini"
+    assert (exp / "models" / "net_g_4.pth").is_file() and (exp / "training_states" / "4.state").is_file()
+
+    # Interrupted runs continue where they stopped, on the CPU (BasicSR 1.4.2 alone would load onto CUDA).
+    log = run_basicsr("train", option, mini_root, "--auto_resume", *SHORT_RUN, "train:total_iter=8")
+    assert "Resuming training from epoch: 0, iter: 4" in log
+    assert re.search(r"iter:\s+8,", log)
+    assert (exp / "training_states" / "8.state").is_file()
+
+    test_option = REPO / "options" / "test" / "NaLaSR" / "test_NaLaSR_light_x4_mini.yml"
+    log = run_basicsr("test", test_option, mini_root)
+    psnr = float(re.search(r"# psnr: ([0-9.]+)", log).group(1))
+    ssim = float(re.search(r"# ssim: ([0-9.]+)", log).group(1))
+    assert 5 < psnr < 60 and 0 < ssim <= 1
+    assert len(list((mini_root / "results" / "test_NaLaSR_light_x4_mini").rglob("*.png"))) == 2
