@@ -4,14 +4,16 @@ Used by the CLIs, the app and the benchmarks so every readout means the same thi
 at the start* of the measured call.
 
 * CUDA: ``torch.cuda.max_memory_allocated`` (tensors only, exact).
-* CPU (Linux): the resident set size (RSS) high-water mark. It is reset to the current RSS at the start
-  (``/proc/self/clear_refs``) and read from ``VmHWM`` at the end, so the figure is exact and includes every
-  allocation, not just tensors. Where the reset is not allowed, a background thread samples the RSS every
+* CPU (Linux): the resident set size (RSS) high-water mark. Freed heap memory is first returned to the OS
+  (``malloc_trim``), the mark is reset to the current RSS (``/proc/self/clear_refs``) and read from ``VmHWM``
+  at the end, so the figure includes every allocation, not just tensors, even in a long-running process. Where the reset is not allowed, a background thread samples the RSS every
   millisecond instead (a lower bound).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import re
 import statistics
 import threading
@@ -39,6 +41,23 @@ def current_rss() -> int:
 def peak_rss() -> int:
     """The RSS high-water mark since the process started or since :func:`reset_peak_rss`, in bytes."""
     return _status_kib("VmHWM") * 1024
+
+
+def _load_libc():
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def release_free_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc ``malloc_trim``), so the next measurement starts from what
+    is really in use; otherwise memory freed by an earlier call is reused without showing in the RSS."""
+    if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
+        _LIBC.malloc_trim(0)
 
 
 def reset_peak_rss() -> bool:
@@ -82,6 +101,7 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self._start = torch.cuda.memory_allocated(self.device)
             return self
+        release_free_memory()
         self._start = current_rss()
         self._exact = reset_peak_rss()
         self._sampled = self._start

@@ -1,5 +1,8 @@
-"""``nala-sr``: train, test and prepare data for NaLaSR / ESRT.
+"""``nala-sr``: upscale images, and train, test and prepare data for NaLaSR / ESRT.
 
+    nala-sr upscale photo.png --scale 4 [-o out.png] [--outscale 3.5] [--tile auto] [--json]
+    nala-sr models
+    nala-sr export experiments/X/models/net_g_latest.pth --opt X.yml --name my-model [--out weights]
 nala-sr train -opt options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml [--auto_resume] [...BasicSR flags]
 nala-sr test  -opt options/test/NaLaSR/test_NaLaSR_light_x4_mini.yml
 nala-sr prepare mini [datasets/mini]
@@ -10,6 +13,8 @@ nala-sr prepare benchmark HR_FOLDER datasets/Set5
 from __future__ import annotations
 
 import argparse
+import glob
+import json
 import sys
 from pathlib import Path
 
@@ -65,15 +70,172 @@ def _basicsr(entry: str, argv: list[str]) -> int:
     return 0
 
 
+def _tile(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("tile must be 'auto', 0 (whole image) or a size in pixels") from None
+
+
+def collect_inputs(specs: list[str]) -> list[Path]:
+    """Files, folders (their images, sorted) and glob patterns -> image paths, in order, without repeats."""
+    from .imageio import IMAGE_SUFFIXES
+
+    paths: list[Path] = []
+    for spec in specs:
+        path = Path(spec)
+        if path.is_dir():
+            paths += sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+        elif glob.has_magic(spec):
+            paths += sorted(Path(p) for p in glob.glob(spec) if Path(p).suffix.lower() in IMAGE_SUFFIXES)
+        else:
+            paths.append(path)  # a missing file is reported when it is read
+    return list(dict.fromkeys(paths))
+
+
+def output_path(src: Path, args: argparse.Namespace, single: bool, img_suffix: str) -> Path:
+    from .imageio import IMAGE_SUFFIXES
+
+    name = f"{src.stem}{args.suffix}{img_suffix}"
+    if args.output is None:
+        return src.with_name(name)
+    out = Path(args.output)
+    if single and out.suffix.lower() in IMAGE_SUFFIXES:
+        return out
+    return out / name
+
+
+def output_suffix(src: Path, ext: str, img) -> str:
+    """``auto`` keeps the input's format unless it cannot hold the result (JPEG with alpha or 16-bit)."""
+    if ext != "auto":
+        return f".{ext}"
+    suffix = src.suffix.lower()
+    lossy_only = suffix in (".jpg", ".jpeg") and (img.dtype.itemsize > 1 or (img.ndim == 3 and img.shape[2] == 4))
+    return ".png" if lossy_only or suffix not in (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff") else suffix
+
+
+def upscale(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="nala-sr upscale", description="Upscale images with NaLaSR.")
+    parser.add_argument("inputs", nargs="+", help="image files, folders or glob patterns")
+    parser.add_argument("-o", "--output", help="output file (one input) or folder; default: beside each input")
+    parser.add_argument("-s", "--scale", type=int, default=4, help="model scale (default 4)")
+    parser.add_argument("-m", "--model", help="named weights (nala-sr models), a .safetensors/.json, or a .pth")
+    parser.add_argument("--opt", help="BasicSR option file describing a .pth checkpoint's network")
+    parser.add_argument("--outscale", type=float, help="final scale, e.g. 3.5 (model scale, then Lanczos)")
+    parser.add_argument("-t", "--tile", type=_tile, default="auto", help="auto (memory budget), 0 (off) or pixels")
+    parser.add_argument("--tile-pad", type=int, default=16, help="overlap between tiles, input pixels (blended)")
+    parser.add_argument("--memory-budget-mb", type=float, help="memory for --tile auto (default: half of free)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    parser.add_argument("--alpha", default="model", choices=["model", "bicubic"], help="how alpha is upscaled")
+    parser.add_argument("--suffix", help="added to output names (default _x<outscale>)")
+    parser.add_argument("--ext", default="auto", choices=["auto", "png", "jpg", "webp"])
+    parser.add_argument("--max-pixels", type=int, default=50_000_000, help="refuse larger inputs (pixels)")
+    parser.add_argument("--report", action="store_true", help="print a readout per image")
+    parser.add_argument("--json", action="store_true", help="one JSON object per image on stdout")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
+    args = parser.parse_args(argv)
+    if args.outscale is not None and args.outscale <= 0:
+        parser.error("--outscale must be positive")
+    args.suffix = args.suffix if args.suffix is not None else f"_x{args.outscale or args.scale:g}"
+
+    from tqdm import tqdm
+
+    from nala_gen.weights import WeightsError
+
+    from .imageio import ImageError, read_image, write_image_atomic
+    from .models import load_sr_model
+    from .upscaler import Upscaler
+
+    try:
+        model, info = load_sr_model(args.model, args.scale, args.opt)
+        budget = int(args.memory_budget_mb * 2**20) if args.memory_budget_mb else None
+        engine = Upscaler(model, args.scale, args.device, args.precision, args.tile, args.tile_pad, args.alpha, budget)
+    except (WeightsError, ValueError, OSError) as err:
+        print(f"nala-sr upscale: error: {err}", file=sys.stderr)
+        return 1
+
+    inputs = collect_inputs(args.inputs)
+    if not inputs:
+        print("nala-sr upscale: error: no images found in the given inputs", file=sys.stderr)
+        return 1
+    resolved_inputs = {p.resolve() for p in inputs}
+    failures = 0
+    show_progress = not args.quiet and sys.stderr.isatty()
+    for src in tqdm(inputs, desc="images", disable=not show_progress or len(inputs) == 1):
+        try:
+            img = read_image(src, max_pixels=args.max_pixels)
+            dst = output_path(src, args, len(inputs) == 1, output_suffix(src, args.ext, img))
+            if dst.resolve() in resolved_inputs:
+                raise ImageError(f"output {dst} would overwrite an input")
+            result, readout = engine.upscale(img, args.outscale, progress=show_progress)
+            write_image_atomic(result, dst)
+        except (ImageError, ValueError, RuntimeError) as err:
+            failures += 1
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            print(f"nala-sr upscale: error: {src}: {reason}", file=sys.stderr)
+            if args.json:
+                print(json.dumps({"input": str(src), "status": "error", "error": reason}), flush=True)
+            continue
+        record = {"input": str(src), "output": str(dst), "status": "ok", "model": info["name"], **readout.as_dict()}
+        if args.json:
+            print(json.dumps(record), flush=True)
+        elif args.report:
+            print(
+                f"{src} -> {dst}: {readout.input_size[0]}x{readout.input_size[1]} -> "
+                f"{readout.output_size[0]}x{readout.output_size[1]}, {readout.latency_s:.2f} s, "
+                f"peak {readout.peak_mem_bytes / 2**20:.0f} MiB, {readout.tokens:,} tokens/pass, "
+                f"{readout.tiles} tile(s), {readout.device} {readout.precision}"
+            )
+        elif not args.quiet:
+            print(dst)
+    return 1 if failures else 0
+
+
+def models(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="nala-sr models", description="List the named weights.").parse_args(argv)
+    from nala_gen.weights import list_weights
+
+    cards = list_weights("sr")
+    if not cards:
+        print("no named super-resolution weights installed (see weights/README.md)")
+    for card in cards:
+        trained = card.info.get("trained_on", "")
+        iters = card.info.get("iterations")
+        extra = f"; {iters} iterations on {trained}" if iters else ""
+        print(f"{card.name:<20} x{card.scale}  {card.arch:<7} {card.payload}{extra}")
+    return 0
+
+
+def export(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="nala-sr export", description="BasicSR checkpoint -> named weights.")
+    parser.add_argument("checkpoint")
+    parser.add_argument("--opt", required=True, help="the BasicSR option file it was trained with")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--out", default="weights")
+    parser.add_argument("--info", default="{}", help="JSON object of training facts for the card")
+    args = parser.parse_args(argv)
+    from .models import export_checkpoint
+
+    card = export_checkpoint(args.checkpoint, args.opt, args.name, args.out, json.loads(args.info))
+    print(f"wrote {card} and {card.with_suffix('.safetensors')}")
+    return 0
+
+
+COMMANDS = {"upscale": upscale, "models": models, "export": export, "prepare": prepare}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("train", "test", "prepare"):
+    if not argv or argv[0] not in (*COMMANDS, "train", "test"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     command, rest = argv[0], argv[1:]
     try:
-        if command == "prepare":
-            return prepare(rest)
+        if command in COMMANDS:
+            return COMMANDS[command](rest)
         return _basicsr(command, rest)
     except (FileNotFoundError, ValueError) as err:
         print(f"nala-sr {command}: error: {err}", file=sys.stderr)

@@ -1,0 +1,76 @@
+"""Super-resolution networks from named weights, weight cards or BasicSR checkpoints."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import yaml
+
+from nala_gen import weights as W
+
+from . import _compat  # noqa: F401  (before basicsr)
+
+DEFAULT_MODELS = {2: "nalasr-light-x2", 4: "nalasr-light-x4"}
+
+
+def build_arch(arch: str, config: dict) -> torch.nn.Module:
+    """An arch registered in BasicSR's ARCH_REGISTRY (ours are registered by importing nala_gen.sr)."""
+    from basicsr.utils.registry import ARCH_REGISTRY
+
+    import nala_gen.sr  # noqa: F401  (registers NaLaSR and ESRT)
+
+    try:
+        cls = ARCH_REGISTRY.get(arch)
+    except KeyError:
+        raise W.WeightsError(f"unknown architecture {arch!r}") from None
+    return cls(**config)
+
+
+def network_from_option(option: str | Path) -> tuple[str, dict]:
+    """(arch, config) from a BasicSR option file's ``network_g``."""
+    network = dict(yaml.safe_load(Path(option).read_text())["network_g"])
+    return network.pop("type"), network
+
+
+def load_sr_model(model: str | None, scale: int, option: str | Path | None = None) -> tuple[torch.nn.Module, dict]:
+    """The network and a description of it, from a name, a card/safetensors path, or a BasicSR ``.pth``.
+
+    Args:
+        model: name (``nala-sr models``), weight card or payload path, or a BasicSR checkpoint (needs ``option``);
+            None picks the default model for ``scale``.
+        scale: the scale asked for; a model of another scale is an error.
+        option: BasicSR option file describing a ``.pth`` checkpoint's network.
+    """
+    if model is None:
+        if scale not in DEFAULT_MODELS:
+            raise W.WeightsError(
+                f"no default model for x{scale}; defaults exist for x{', x'.join(map(str, DEFAULT_MODELS))}"
+            )
+        model = DEFAULT_MODELS[scale]
+    if Path(model).suffix == ".pth":
+        if option is None:
+            raise W.WeightsError("a BasicSR .pth checkpoint needs --opt OPTION.yml to describe its network")
+        arch, config = network_from_option(option)
+        state, source = W.load_basicsr_checkpoint(model), str(model)
+        info = {"name": Path(model).name, "arch": arch, "source": source}
+    else:
+        card = W.resolve(model)
+        if card.task != "sr":
+            raise W.WeightsError(f"{card.name} is a {card.task} model, not a super-resolution one")
+        arch, config = card.arch, card.config
+        state, source = W.load_state_dict(card), card.name
+        info = {"name": card.name, "arch": arch, "source": str(card.payload), **card.info}
+    model_scale = config.get("upscale", 4)
+    if model_scale != scale:
+        raise W.WeightsError(f"{info['name']} upscales x{model_scale}, not x{scale}")
+    net = W.load_into(build_arch(arch, config), state, source)
+    return net.eval(), {**info, "scale": model_scale}
+
+
+def export_checkpoint(checkpoint: str | Path, option: str | Path, name: str, out_dir: str | Path, info: dict) -> Path:
+    """BasicSR checkpoint + option file -> named weights (safetensors + card) in ``out_dir``."""
+    arch, config = network_from_option(option)
+    state = W.load_basicsr_checkpoint(checkpoint)
+    W.load_into(build_arch(arch, config), state, str(checkpoint))  # refuse to export a mismatch
+    return W.write_weights(state, Path(out_dir), name, "sr", arch, config, info)

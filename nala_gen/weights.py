@@ -1,0 +1,182 @@
+"""Named, checksummed weights.
+
+A named weight ``NAME`` is a card ``NAME.json`` in the weights folder (``weights/`` of this repository, or the
+folder in ``$NALA_GEN_WEIGHTS``) beside its payload: ``NAME.safetensors`` for a network, or a folder ``NAME/``
+for a diffusers pipeline. The card holds the task, the architecture and its config, the payload's sha256, and
+how the weights were trained (data, iterations, time, the command that made them).
+
+Nothing is ever unpickled: payloads are safetensors, and BasicSR checkpoints (``.pth``) are read with
+``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+ENV_DIR = "NALA_GEN_WEIGHTS"
+REPO_WEIGHTS = Path(__file__).resolve().parents[1] / "weights"
+
+
+class WeightsError(ValueError):
+    """Weights that cannot be found, do not verify, or do not fit the architecture."""
+
+
+@dataclass
+class WeightCard:
+    """What a ``NAME.json`` says, plus where its payload lives."""
+
+    name: str
+    task: str
+    arch: str
+    config: dict
+    sha256: str
+    payload: Path
+    info: dict = field(default_factory=dict)
+
+    @property
+    def scale(self) -> int | None:
+        return self.config.get("upscale")
+
+
+def weights_dirs() -> list[Path]:
+    """Folders searched for named weights: ``$NALA_GEN_WEIGHTS`` first, then the repository's ``weights/``."""
+    dirs = [Path(p) for p in os.environ.get(ENV_DIR, "").split(os.pathsep) if p]
+    return [*dirs, REPO_WEIGHTS]
+
+
+def sha256_of(path: Path) -> str:
+    """sha256 of a file, or of a folder's files (sorted relative paths and contents)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        if path.is_dir():
+            digest.update(str(file.relative_to(path)).encode())
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def read_card(card_path: Path) -> WeightCard:
+    meta = json.loads(card_path.read_text())
+    payload = card_path.with_name(meta.get("payload", f"{card_path.stem}.safetensors"))
+    return WeightCard(
+        name=meta.get("name", card_path.stem),
+        task=meta["task"],
+        arch=meta["arch"],
+        config=meta.get("config", {}),
+        sha256=meta.get("sha256", ""),
+        payload=payload,
+        info=meta.get("info", {}),
+    )
+
+
+def list_weights(task: str | None = None) -> list[WeightCard]:
+    """Every named weight (the first folder that has a name wins), optionally of one task."""
+    cards: dict[str, WeightCard] = {}
+    for folder in weights_dirs():
+        if not folder.is_dir():
+            continue
+        for card_path in sorted(folder.glob("*.json")):
+            try:
+                card = read_card(card_path)
+            except (KeyError, json.JSONDecodeError):
+                continue  # not a weight card
+            cards.setdefault(card.name, card)
+    return [c for c in cards.values() if task is None or c.task == task]
+
+
+def resolve(name_or_path: str) -> WeightCard:
+    """A name from :func:`list_weights`, a card path (``.json``), or a payload beside its card."""
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.is_file():
+        return read_card(path)
+    if path.exists() and path.with_suffix(".json").is_file():
+        return read_card(path.with_suffix(".json"))
+    for card in list_weights():
+        if card.name == name_or_path:
+            return card
+    if path.exists():
+        raise WeightsError(f"{path} has no weight card {path.with_suffix('.json').name} beside it")
+    known = ", ".join(c.name for c in list_weights()) or "none installed"
+    raise WeightsError(f"unknown weights {name_or_path!r} (known: {known})")
+
+
+def verify(card: WeightCard) -> None:
+    """Check the payload exists and matches the card's sha256."""
+    if not card.payload.exists():
+        raise WeightsError(f"weights file {card.payload} is missing")
+    if card.sha256 and sha256_of(card.payload) != card.sha256:
+        raise WeightsError(f"{card.payload} does not match its sha256 (corrupt or replaced file)")
+
+
+def load_state_dict(card: WeightCard) -> dict[str, torch.Tensor]:
+    """Verify and read a network's safetensors payload."""
+    from safetensors.torch import load_file
+
+    verify(card)
+    try:
+        return load_file(str(card.payload))
+    except Exception as err:  # safetensors raises its own error types for damaged headers
+        raise WeightsError(f"{card.payload} is not a readable safetensors file ({err})") from None
+
+
+def load_basicsr_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
+    """A BasicSR ``net_g_*.pth``: ``params_ema`` when present, else ``params`` (safe, weights-only load)."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise WeightsError(f"{path} is not a readable PyTorch checkpoint ({err})") from None
+    if not isinstance(checkpoint, dict):
+        raise WeightsError(f"{path} does not hold a state dict")
+    for key in ("params_ema", "params"):
+        if key in checkpoint:
+            return checkpoint[key]
+    return checkpoint
+
+
+def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> torch.nn.Module:
+    """Strict load with a one-line error naming what does not fit."""
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
+    if missing or unexpected or wrong:
+        parts = [
+            f"{len(missing)} missing (e.g. {missing[0]})" if missing else "",
+            f"{len(unexpected)} unexpected (e.g. {unexpected[0]})" if unexpected else "",
+            f"{len(wrong)} of another shape (e.g. {wrong[0]})" if wrong else "",
+        ]
+        detail = ", ".join(p for p in parts if p)
+        raise WeightsError(f"{source} does not match {type(model).__name__}: {detail} tensors")
+    model.load_state_dict(state)
+    return model
+
+
+def write_weights(
+    state: dict[str, torch.Tensor], folder: Path, name: str, task: str, arch: str, config: dict, info: dict
+) -> Path:
+    """Save ``NAME.safetensors`` and its card ``NAME.json`` (with the sha256) into ``folder``."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    payload = folder / f"{name}.safetensors"
+    save_file({k: v.contiguous() for k, v in state.items()}, str(payload))
+    card = {
+        "name": name,
+        "task": task,
+        "arch": arch,
+        "config": config,
+        "payload": payload.name,
+        "sha256": sha256_of(payload),
+        "info": info,
+    }
+    card_path = folder / f"{name}.json"
+    card_path.write_text(json.dumps(card, indent=2) + "\n")
+    return card_path

@@ -1,0 +1,265 @@
+"""``nala-sr upscale`` end to end on small generated images, and the tiled engine."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import nala_gen.sr  # noqa: F401
+from nala_gen.sr.cli import main
+from nala_gen.sr.imageio import read_image, write_image_atomic
+from nala_gen.sr.models import build_arch
+from nala_gen.sr.upscaler import Upscaler, feather, tile_starts
+from nala_gen.weights import WeightsError, resolve, write_weights
+
+TINY = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("weights")
+    torch.manual_seed(0)
+    for scale in (2, 4):
+        config = {**TINY, "upscale": scale}
+        state = build_arch("NaLaSR", config).state_dict()
+        write_weights(state, folder, f"tiny-x{scale}", "sr", "NaLaSR", config, {"trained_on": "nothing"})
+    # A card whose config does not match its payload (two HPBs declared, one stored).
+    wrong = folder / "wrong"
+    wrong.mkdir()
+    state = build_arch("NaLaSR", TINY).state_dict()
+    write_weights(state, wrong, "wrong-x4", "sr", "NaLaSR", {**TINY, "num_block": 2}, {})
+    return folder
+
+
+def rng_image(shape, dtype=np.uint8, seed=0):
+    # Smooth content (a real photo is not white noise): upsampled random blocks.
+    rng = np.random.default_rng(seed)
+    h, w = shape[:2]
+    small = rng.random((max(h // 6, 2), max(w // 6, 2), *shape[2:]))
+    big = np.asarray(
+        torch.nn.functional.interpolate(
+            torch.from_numpy(small).reshape(1, 1, *small.shape[:2], -1).permute(0, 4, 2, 3, 1)[..., 0],
+            size=(h, w),
+            mode="bilinear",
+            align_corners=False,
+        )[0].permute(1, 2, 0)
+    )
+    big = big.reshape(shape)
+    return np.round(big * np.iinfo(dtype).max).astype(dtype)
+
+
+def save(img, path):
+    return write_image_atomic(img, path)
+
+
+def run(args, capsys):
+    code = main(["upscale", *map(str, args), "-q"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype"),
+    [((20, 26, 3), np.uint8), ((20, 26, 4), np.uint8), ((20, 26), np.uint8), ((20, 26), np.uint16)],
+    ids=["rgb", "rgba", "gray", "gray16"],
+)
+def test_channels_and_depth_are_kept(tmp_path, weights, capsys, shape, dtype):
+    src = save(rng_image(shape, dtype), tmp_path / "in.png")
+    out = tmp_path / "out.png"
+    code, _, err = run([src, "-o", out, "-m", weights / "tiny-x4.json"], capsys)
+    assert code == 0, err
+    result = read_image(out)
+    assert result.shape == (80, 104, *shape[2:])
+    assert result.dtype == dtype
+    if dtype == np.uint16:
+        assert result.max() > 255  # not flattened to 8 bits
+
+
+def test_rgb16_is_kept(tmp_path, weights, capsys):
+    src = save(rng_image((16, 18, 3), np.uint16), tmp_path / "in16.png")
+    code, _, err = run([src, "-o", tmp_path / "o.png", "-m", weights / "tiny-x4.json"], capsys)
+    assert code == 0, err
+    result = read_image(tmp_path / "o.png")
+    assert result.dtype == np.uint16 and result.shape == (64, 72, 3) and result.max() > 255
+
+
+def test_alpha_option_takes_effect(tmp_path, weights, capsys):
+    img = rng_image((20, 26, 4))
+    img[..., 3] = np.where(np.arange(26)[None, :] < 13, 255, 0)  # a sharp transparency edge
+    src = save(img, tmp_path / "in.png")
+    outputs = {}
+    for mode in ("model", "bicubic"):
+        out = tmp_path / f"{mode}.png"
+        assert run([src, "-o", out, "-m", weights / "tiny-x4.json", "--alpha", mode], capsys)[0] == 0
+        outputs[mode] = read_image(out)
+    assert not np.array_equal(outputs["model"][..., 3], outputs["bicubic"][..., 3])
+    np.testing.assert_array_equal(outputs["model"][..., :3], outputs["bicubic"][..., :3])
+
+
+def test_exif_orientation_is_applied(tmp_path, weights, capsys):
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored landscape, displayed rotated 90 degrees clockwise
+    src = tmp_path / "rotated.jpg"
+    Image.fromarray(rng_image((12, 20, 3))).save(src, exif=exif.tobytes(), quality=95)
+    out = tmp_path / "out.png"
+    assert run([src, "-o", out, "-m", weights / "tiny-x4.json"], capsys)[0] == 0
+    assert read_image(out).shape == (80, 48, 3)  # upright: 12 wide, 20 tall, times 4
+
+
+def test_outscale_gives_the_exact_size(tmp_path, weights, capsys):
+    src = save(rng_image((21, 17, 3)), tmp_path / "in.png")
+    out = tmp_path / "out.png"
+    assert run([src, "-o", out, "-m", weights / "tiny-x4.json", "--outscale", "3.5"], capsys)[0] == 0
+    assert read_image(out).shape == (round(21 * 3.5), round(17 * 3.5), 3)
+
+
+class LocalSR(torch.nn.Module):
+    """A model whose every output pixel depends on a 5x5 input neighbourhood (two 3x3 convs)."""
+
+    def __init__(self, scale: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GELU(), torch.nn.Conv2d(8, 3 * scale**2, 3, padding=1)
+        )
+        self.shuffle = torch.nn.PixelShuffle(scale)
+
+    def forward(self, x):
+        return torch.sigmoid(self.shuffle(self.body(x)))
+
+
+def test_tiled_blending_leaves_no_seams():
+    # With a local model and an overlap wider than its receptive field, every tile sees the same context as
+    # the whole image, so any difference would come from the blending itself: there is none beyond rounding.
+    img = rng_image((70, 90, 3))
+    whole, r1 = Upscaler(LocalSR(), 4, tile=0).upscale(img)
+    tiled, r2 = Upscaler(LocalSR(), 4, tile=32, tile_pad=4).upscale(img)
+    assert r1.tiles == 1 and r2.tiles == 12 and r2.tokens == 32 * 32
+    assert np.abs(whole.astype(int) - tiled.astype(int)).max() <= 1
+
+
+def test_feather_weights_cover_everything():
+    starts = tile_starts(100, 32, 8)
+    assert starts[0] == 0 and starts[-1] == 68
+    total = torch.zeros(100)
+    for s in starts:
+        total[s : s + 32] += feather(32, s, s + 32, 100, 8)
+    assert (total > 0.99).all()  # the cross-fades are complementary: every pixel is fully covered
+    torch.testing.assert_close(total[:60], torch.ones(60), atol=2e-3, rtol=0)
+
+
+def test_auto_tiles_follow_the_memory_budget(weights):
+    model = build_arch("NaLaSR", TINY)
+    roomy = Upscaler(model, 4, memory_budget=8 * 2**30)
+    tight = Upscaler(model, 4, memory_budget=24 * 2**20)
+    assert roomy.tile_size(200, 200) == 0
+    assert 32 <= tight.tile_size(200, 200) < 200
+
+
+def test_json_readout(tmp_path, weights, capsys):
+    srcs = [save(rng_image((16, 20, 3), seed=i), tmp_path / f"{i}.png") for i in range(2)]
+    code, out, err = run([*srcs, "-o", tmp_path / "out", "-m", weights / "tiny-x4.json", "--json"], capsys)
+    assert code == 0, err
+    records = [json.loads(line) for line in out.splitlines()]
+    assert len(records) == 2
+    for record in records:
+        assert record["status"] == "ok" and record["tokens"] == 16 * 20
+        assert record["latency_s"] > 0 and record["peak_mem_bytes"] >= 0
+        assert read_image(record["output"]).shape == (64, 80, 3)
+
+
+def test_folders_and_globs(tmp_path, weights, capsys):
+    (tmp_path / "in").mkdir()
+    for i in range(2):
+        save(rng_image((12, 12, 3), seed=i), tmp_path / "in" / f"{i}.png")
+    (tmp_path / "in" / "notes.txt").write_text("not an image")
+    assert run([tmp_path / "in", "-o", tmp_path / "a", "-m", weights / "tiny-x4.json"], capsys)[0] == 0
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["0_x4.png", "1_x4.png"]
+    assert run([str(tmp_path / "in" / "*.png"), "-o", tmp_path / "b", "-m", weights / "tiny-x4.json"], capsys)[0] == 0
+    assert len(list((tmp_path / "b").iterdir())) == 2
+
+
+def bad_inputs(tmp_path):
+    good = save(rng_image((12, 12, 3)), tmp_path / "good.png")
+    text = tmp_path / "text.png"
+    text.write_text("this is not a picture")
+    truncated = tmp_path / "truncated.png"
+    truncated.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    return {"missing": tmp_path / "missing.png", "text": text, "truncated": truncated}
+
+
+@pytest.mark.parametrize("case", ["missing", "text", "truncated"])
+def test_bad_images_fail_cleanly(tmp_path, weights, capsys, case):
+    src = bad_inputs(tmp_path)[case]
+    out = tmp_path / "out.png"
+    code, _, err = run([src, "-o", out, "-m", weights / "tiny-x4.json"], capsys)
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1 and "error" in err
+    assert not out.exists() and not list(tmp_path.glob(".*.part"))
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-m", "WEIGHTS/wrong/wrong-x4.json"], "does not match NaLaSR"),
+        (["-m", "WEIGHTS/tiny-x4.json", "--scale", "2"], "upscales x4, not x2"),
+        (["--scale", "3"], "no default model for x3"),
+        (["-m", "no-such-model"], "unknown weights"),
+        (["-m", "WEIGHTS/tiny-x4.json", "--precision", "fp16", "--device", "cpu"], "fp16 is not supported on CPU"),
+    ],
+)
+def test_bad_models_fail_cleanly(tmp_path, weights, capsys, args, message):
+    src = save(rng_image((12, 12, 3)), tmp_path / "in.png")
+    out = tmp_path / "out.png"
+    args = [a.replace("WEIGHTS", str(weights)) for a in args]
+    code, _, err = run([src, "-o", out, *args], capsys)
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1 and message in err
+    assert not out.exists()
+
+
+def test_a_corrupted_payload_is_refused(tmp_path, weights):
+    import shutil
+
+    for suffix in (".json", ".safetensors"):
+        shutil.copy(weights / f"tiny-x4{suffix}", tmp_path / f"tiny-x4{suffix}")
+    payload = tmp_path / "tiny-x4.safetensors"
+    data = bytearray(payload.read_bytes())
+    data[-1] ^= 0xFF
+    payload.write_bytes(bytes(data))
+    from nala_gen.weights import load_state_dict
+
+    with pytest.raises(WeightsError, match="sha256"):
+        load_state_dict(resolve(str(tmp_path / "tiny-x4.json")))
+
+
+def test_never_overwrites_an_input(tmp_path, weights, capsys):
+    src = save(rng_image((12, 12, 3)), tmp_path / "in.png")
+    before = src.read_bytes()
+    code, _, err = run([src, "-o", src, "-m", weights / "tiny-x4.json"], capsys)
+    assert code == 1 and "overwrite" in err
+    assert src.read_bytes() == before
+
+
+def test_exit_status_of_the_console_script(tmp_path, weights):
+    good = save(rng_image((12, 12, 3)), tmp_path / "good.png")
+    cmd = [
+        sys.executable,
+        "-m",
+        "nala_gen.sr.cli",
+        "upscale",
+        str(good),
+        str(tmp_path / "missing.png"),
+        "-o",
+        str(tmp_path / "out"),
+        "-m",
+        str(weights / "tiny-x4.json"),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 1  # one of two inputs failed
+    assert (tmp_path / "out" / "good_x4.png").exists()
+    assert "missing.png" in proc.stderr
