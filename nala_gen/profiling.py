@@ -6,8 +6,8 @@ at the start* of the measured call.
 * CUDA: ``torch.cuda.max_memory_allocated`` (tensors only, exact).
 * CPU (Linux): the resident set size (RSS) high-water mark. Freed heap memory is first returned to the OS
   (``malloc_trim``), the mark is reset to the current RSS (``/proc/self/clear_refs``) and read from ``VmHWM``
-  at the end, so the figure includes every allocation, not just tensors, even in a long-running process. Where the reset is not allowed, a background thread samples the RSS every
-  millisecond instead (a lower bound).
+  at the end, so the figure includes every allocation, not just tensors, even in a long-running process.
+  Where the reset is not allowed, a background thread samples the RSS every millisecond (a lower bound).
 """
 
 from __future__ import annotations
