@@ -6,7 +6,7 @@ STAMP := $(VENV)/.nala-installed
 # The torch/torchvision pair this project is tested with (on x86_64 Python 3.11 pip finds them on disk).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test lint format bench clean
+.PHONY: install demo test lint bench weights-sr clean
 
 install: $(STAMP)
 
@@ -19,7 +19,7 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	touch $@
 
 demo: $(STAMP)
-	$(BIN)/nala-bench entropy --out outputs/demo
+	$(BIN)/python -m nala_gen.sr.demo --out outputs/demo
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -33,6 +33,14 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/nala-bench attention
 	$(BIN)/nala-bench entropy
+	$(BIN)/nala-bench sr
+
+# The shipped SR weights: three CPU trainings on the embedded set (resumable), then export and evaluation.
+SR_RUNS := NaLaSR/train_NaLaSR_light_x4_mini ESRT/train_ESRT_x4_mini NaLaSR/train_NaLaSR_light_x2_mini
+weights-sr: $(STAMP)
+	test -d datasets/mini || $(BIN)/nala-sr prepare mini
+	for run in $(SR_RUNS); do $(BIN)/python -m nala_gen.sr.train -opt options/train/$$run.yml --auto_resume || exit 1; done
+	PATH=$(BIN):$$PATH $(BIN)/python scripts/ship_sr_weights.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .ruff_cache *.egg-info

@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import torch
 
 from nala_gen.attention import feature_dim, linear_attention
+from nala_gen.bench.worker import run_worker
 from nala_gen.profiling import PeakMemory
 
 SIZES = (1024, 4096, 16384, 65536, 71680)
@@ -104,27 +104,13 @@ def run_config(method: str, n: int, heads: int, d: int, repeats: int, thp: bool)
             "needs_bytes": need,
             "note": f"explicit N x N softmax needs ~{need / 1e9:.0f} GB (computed, not measured)",
         }
-    env = {**os.environ, "THP_MEM_ALLOC_ENABLE": "1" if thp else "0"}
-    cmd = [
-        sys.executable,
-        "-m",
+    args = ["--worker", method, "--sizes", str(n), "--heads", str(heads), "--head-dim", str(d)]
+    result = run_worker(
         "nala_gen.bench.attention_scaling",
-        "--worker",
-        method,
-        "--sizes",
-        str(n),
-        "--heads",
-        str(heads),
-        "--head-dim",
-        str(d),
-        "--repeats",
-        str(repeats),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        reason = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
-        return {**row, "status": "failed", "note": reason}
-    return {**row, "status": "ok", **json.loads(proc.stdout.strip().splitlines()[-1])}
+        [*args, "--repeats", str(repeats)],
+        {"THP_MEM_ALLOC_ENABLE": "1" if thp else "0"},
+    )
+    return {**row, "status": "ok", **result}
 
 
 def summarise(rows: list[dict], floor: dict) -> None:

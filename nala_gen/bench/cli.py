@@ -40,15 +40,18 @@ def entropy(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"entropy": entropy}
-    if not argv or argv[0] not in (*commands, "attention"):
+    if not argv or argv[0] not in ("attention", "entropy", "sr"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     if argv[0] == "attention":
         from nala_gen.bench.attention_scaling import main as attention
 
         return attention(argv[1:])
-    return commands[argv[0]](argv[1:])
+    if argv[0] == "sr":
+        from nala_gen.bench.sr_scaling import main as sr
+
+        return sr(argv[1:])
+    return entropy(argv[1:])
 
 
 if __name__ == "__main__":

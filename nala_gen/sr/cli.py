@@ -3,6 +3,7 @@
     nala-sr upscale photo.png --scale 4 [-o out.png] [--outscale 3.5] [--tile auto] [--json]
     nala-sr models
     nala-sr export experiments/X/models/net_g_latest.pth --opt X.yml --name my-model [--out weights]
+    nala-sr evaluate --data datasets/mini/val --scale 4 --models bicubic nalasr-light-x4
 nala-sr train -opt options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml [--auto_resume] [...BasicSR flags]
 nala-sr test  -opt options/test/NaLaSR/test_NaLaSR_light_x4_mini.yml
 nala-sr prepare mini [datasets/mini]
@@ -224,7 +225,13 @@ def export(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"upscale": upscale, "models": models, "export": export, "prepare": prepare}
+def evaluate(argv: list[str]) -> int:
+    from .evaluate import main as run
+
+    return run(argv)
+
+
+COMMANDS = {"upscale": upscale, "models": models, "export": export, "prepare": prepare, "evaluate": evaluate}
 
 
 def main(argv: list[str] | None = None) -> int:

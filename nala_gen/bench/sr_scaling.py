@@ -1,0 +1,167 @@
+"""Super-resolution cost against LR size: NaLaSR-light, ESRT and SwinIR-light, each point a fresh process.
+
+Batch 1, fp32, x4, random input (cost does not depend on content), weights random (cost does not depend on them
+either). Each worker caps its memory (``RLIMIT_DATA``, default 16 GiB of this machine's 24) so a configuration
+that cannot fit is recorded as out of memory instead of taking the machine down. Also reports parameters and
+FLOPs (``torch.utils.flop_counter``) at a stated input size.
+
+    nala-bench sr [--sizes 64x64 128x128 192x192 256x280 320x320] [--models nalasr esrt swinir]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from nala_gen.bench.worker import limit_memory, run_worker
+from nala_gen.profiling import PeakMemory
+
+SIZES = ("64x64", "128x128", "192x192", "256x280", "320x320")
+MODELS = ("nalasr", "esrt", "swinir")
+FLOPS_SIZE = (64, 64)
+
+
+# SwinIR-light as in its paper and BasicSR's options (SwinIR ships inside basicsr).
+SWINIR_LIGHT = {
+    "in_chans": 3, "img_size": 64, "window_size": 8, "img_range": 1.0, "depths": [6, 6, 6, 6], "embed_dim": 60,
+    "num_heads": [6, 6, 6, 6], "mlp_ratio": 2, "upsampler": "pixelshuffledirect", "resi_connection": "1conv",
+}  # fmt: skip
+ARCHS = {"nalasr": ("NaLaSR", {}), "esrt": ("ESRT", {}), "swinir": ("SwinIR", SWINIR_LIGHT)}
+
+
+def build(model: str, scale: int = 4) -> torch.nn.Module:
+    from nala_gen.sr.models import build_arch
+
+    arch, config = ARCHS[model]
+    return build_arch(arch, {**config, "upscale": scale})
+
+
+def padded_input(model: str, h: int, w: int) -> torch.Tensor:
+    # SwinIR needs multiples of its window (8); its own test scripts pad the same way.
+    if model == "swinir":
+        h, w = -(-h // 8) * 8, -(-w // 8) * 8
+    return torch.rand(1, 3, h, w)
+
+
+def worker(model: str, size: str, repeats: int, mem_limit: int) -> dict:
+    limit_memory(mem_limit)
+    h, w = map(int, size.split("x"))
+    torch.manual_seed(0)
+    net = build(model).eval()
+    x = padded_input(model, h, w)
+    runs = []
+    with torch.inference_mode():
+        with PeakMemory("cpu") as memory:
+            start = time.perf_counter()
+            net(x)
+            runs.append(time.perf_counter() - start)
+        for _ in range(repeats - 1):
+            start = time.perf_counter()
+            net(x)
+            runs.append(time.perf_counter() - start)
+    return {"status": "ok", "latency_s": statistics.median(runs), "runs_s": runs, "peak_extra_bytes": memory.peak_bytes}
+
+
+def model_costs(model: str) -> dict:
+    """Parameters and FLOPs (multiply-adds x 2) for one 64x64 LR input."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    net = build(model).eval()
+    counter = FlopCounterMode(display=False)
+    with torch.inference_mode(), counter:
+        net(padded_input(model, *FLOPS_SIZE))
+    return {"params": sum(p.numel() for p in net.parameters()), "gflops_at_64x64": counter.get_total_flops() / 1e9}
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
+    for model in dict.fromkeys(r["model"] for r in rows):
+        ok = [r for r in rows if r["model"] == model and r["status"] == "ok"]
+        if ok:
+            tokens = [r["tokens"] for r in ok]
+            axes[0].loglog(tokens, [r["latency_s"] for r in ok], marker="o", label=model)
+            axes[1].loglog(tokens, [r["peak_extra_bytes"] / 2**30 for r in ok], marker="o", label=model)
+        for r in rows:
+            if r["model"] == model and r["status"] == "oom":
+                axes[1].scatter([r["tokens"]], [r["limit_bytes"] / 2**30], marker="x", color="red")
+    axes[0].set_ylabel("median latency (s)")
+    axes[1].set_ylabel("peak extra memory (GiB); x = out of memory at the cap")
+    for ax in axes:
+        ax.set_xlabel("LR tokens (pixels), x4, fp32, batch 1")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("Super-resolution cost vs input size on this CPU (fresh process per point)")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nala-bench sr", description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), help="LR sizes HxW")
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--mem-limit-gb", type=float, default=16.0, help="memory cap per worker (GiB)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    limit = int(args.mem_limit_gb * 2**30)
+
+    if args.worker:
+        print(json.dumps(worker(*args.worker, args.repeats, limit)))
+        return 0
+
+    costs = {m: model_costs(m) for m in args.models}
+    for m, c in costs.items():
+        print(f"{m:<7} {c['params'] / 1e6:.3f} M params, {c['gflops_at_64x64']:.2f} GFLOPs at 64x64 LR", flush=True)
+    rows = []
+    for size in args.sizes:
+        h, w = map(int, size.split("x"))
+        for model in args.models:
+            worker_args = [
+                "--worker",
+                model,
+                size,
+                "--repeats",
+                str(args.repeats),
+                "--mem-limit-gb",
+                str(args.mem_limit_gb),
+            ]
+            result = run_worker("nala_gen.bench.sr_scaling", worker_args)
+            row = {"model": model, "size": size, "tokens": h * w, "limit_bytes": limit, **result}
+            rows.append(row)
+            shown = (
+                f"{row['latency_s']:8.2f} s {row['peak_extra_bytes'] / 2**30:7.2f} GiB"
+                if row["status"] == "ok"
+                else f"{row['status']}: {row.get('note', '')[:90]}"
+            )
+            print(f"{size:>8} ({h * w:>6} tokens) {model:<7} {shown}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {
+        "machine": {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "scale": 4,
+        "repeats": args.repeats,
+        "mem_limit_bytes": limit,
+        "costs": costs,
+        "rows": rows,
+    }
+    (args.out / "sr_scaling.json").write_text(json.dumps(result, indent=2))
+    plot(rows, args.out / "sr_scaling.png")
+    print(f"wrote {args.out / 'sr_scaling.json'} and {args.out / 'sr_scaling.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""PSNR / SSIM of named models and bicubic on a benchmark-layout folder (``GTmod12`` + ``LRbicx{s}``).
+
+Y channel with ``crop_border = scale``, BasicSR's metric functions: the convention of super-resolution papers.
+Bicubic is MATLAB's (``basicsr.utils.matlab_functions.imresize``), as in the papers' bicubic rows.
+
+    nala-sr evaluate --data datasets/mini/val --scale 4 --models bicubic esrt-x4 nalasr-light-x4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from . import _compat  # noqa: F401  (before basicsr)
+from .data import list_images, read_rgb
+
+
+def bicubic_upscale(lr: np.ndarray, scale: int) -> np.ndarray:
+    from basicsr.utils.matlab_functions import imresize
+
+    up = imresize(lr.astype(np.float32) / 255.0, scale)
+    return np.clip(np.round(up * 255.0), 0, 255).astype(np.uint8)
+
+
+def score(sr: np.ndarray, gt: np.ndarray, scale: int) -> tuple[float, float]:
+    """(PSNR, SSIM) on Y, border of ``scale`` pixels cropped; RGB uint8 (H, W, 3) inputs."""
+    from basicsr.metrics import calculate_psnr, calculate_ssim
+
+    # BasicSR's Y conversion expects BGR order (it reads images with OpenCV).
+    sr_bgr, gt_bgr = sr[..., ::-1].astype(np.float64), gt[..., ::-1].astype(np.float64)
+    kwargs = {"crop_border": scale, "input_order": "HWC", "test_y_channel": True}
+    return calculate_psnr(sr_bgr, gt_bgr, **kwargs), calculate_ssim(sr_bgr, gt_bgr, **kwargs)
+
+
+def evaluate(data: Path, scale: int, models: list[str]) -> dict[str, dict]:
+    """``{model: {"psnr": mean, "ssim": mean, "per_image": {...}}}`` over the folder's images."""
+    from .models import load_sr_model
+    from .upscaler import Upscaler
+
+    gt_paths = list_images(data / "GTmod12")
+    if not gt_paths:
+        raise FileNotFoundError(f"no images in {data / 'GTmod12'} (nala-sr prepare mini makes the embedded set)")
+    results = {}
+    for name in models:
+        engine = None if name == "bicubic" else Upscaler(load_sr_model(name, scale)[0], scale, tile=0)
+        per_image = {}
+        for gt_path in gt_paths:
+            gt = read_rgb(gt_path)
+            lr = read_rgb(data / f"LRbicx{scale}" / gt_path.name)
+            sr = bicubic_upscale(lr, scale) if engine is None else engine.upscale(lr)[0]
+            per_image[gt_path.stem] = score(sr, gt, scale)
+        results[name] = {
+            "psnr": statistics.mean(p for p, _ in per_image.values()),
+            "ssim": statistics.mean(s for _, s in per_image.values()),
+            "per_image": per_image,
+        }
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nala-sr evaluate", description=__doc__.split("\n")[0])
+    parser.add_argument("--data", type=Path, default=Path("datasets/mini/val"))
+    parser.add_argument("--scale", type=int, default=4)
+    parser.add_argument("--models", nargs="+", default=["bicubic"])
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args(argv)
+    results = evaluate(args.data, args.scale, args.models)
+    print(f"| x{args.scale} on {args.data} | PSNR (Y) | SSIM (Y) |\n|---|---|---|")
+    for name, r in results.items():
+        print(f"| {name} | {r['psnr']:.2f} | {r['ssim']:.4f} |")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = json.loads(args.json.read_text()) if args.json.exists() else {}
+        payload[f"x{args.scale}"] = {"data": str(args.data), "metric": "Y channel, crop = scale", **results}
+        args.json.write_text(json.dumps(payload, indent=2))
+    return 0

@@ -1,0 +1,78 @@
+"""Export the mini-trained BasicSR checkpoints as named weights and measure them on the validation split.
+
+Run by ``make weights-sr`` after the three trainings; reads each run's log for its wall time and writes
+``weights/NAME.{safetensors,json}`` plus ``benchmarks/results/sr_quality.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+import nala_gen.sr  # noqa: F401
+from nala_gen.sr.models import export_checkpoint
+
+RUNS = {
+    "nalasr-light-x4": "options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml",
+    "esrt-x4": "options/train/ESRT/train_ESRT_x4_mini.yml",
+    "nalasr-light-x2": "options/train/NaLaSR/train_NaLaSR_light_x2_mini.yml",
+}
+
+
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def train_seconds(log_dir: Path) -> float:
+    """Sum of 'Time consumed' over the run's logs (a resumed run has several)."""
+    total = 0.0
+    for log in sorted(log_dir.glob("train_*.log")):
+        for h, m, s in re.findall(r"Time consumed: (\d+):(\d+):(\d+)", log.read_text()):
+            total += int(h) * 3600 + int(m) * 60 + int(s)
+    return total
+
+
+def main() -> int:
+    import torch
+
+    device = (
+        torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else f"CPU: {cpu_name()} ({torch.get_num_threads()} threads)"
+    )
+    for name, option in RUNS.items():
+        opt = yaml.safe_load(Path(option).read_text())
+        exp = Path("experiments") / opt["name"]
+        train = opt["datasets"]["train"]
+        info = {
+            "trained_on": "embedded mini train split (nala-sr prepare mini: 10 scikit-image photos, "
+            "192 px HR sub-images, MATLAB-bicubic LR)",
+            "validated_on": "embedded mini val split (2 scikit-learn + 2 scikit-image photos, held out)",
+            "iterations": opt["train"]["total_iter"],
+            "batch": train["batch_size_per_gpu"],
+            "lr_patch": train["gt_size"] // opt["scale"],
+            "seed": opt["manual_seed"],
+            "train_time_s": train_seconds(exp),
+            "hardware": device,
+            "command": f"python -m nala_gen.sr.train -opt {option}",
+        }
+        card = export_checkpoint(exp / "models" / "net_g_latest.pth", option, name, "weights", info)
+        print(f"exported {card}")
+    for scale, models in ((4, ["bicubic", "esrt-x4", "nalasr-light-x4"]), (2, ["bicubic", "nalasr-light-x2"])):
+        cmd = ["nala-sr", "evaluate", "--scale", str(scale), "--models", *models]
+        subprocess.run([*cmd, "--json", "benchmarks/results/sr_quality.json"], check=True)
+    print(json.dumps(json.loads(Path("benchmarks/results/sr_quality.json").read_text()), indent=1)[:2000])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
