@@ -166,3 +166,18 @@ def test_basicsr_train_resume_and_test_on_cpu(mini_root):
     ssim = float(re.search(r"# ssim: ([0-9.]+)", log).group(1))
     assert 5 < psnr < 60 and 0 < ssim <= 1
     assert len(list((mini_root / "results" / "test_NaLaSR_light_x4_mini").rglob("*.png"))) == 2
+
+
+def test_evaluate_bicubic_and_a_model(mini_root, tmp_path):
+    from nala_gen.sr.evaluate import evaluate
+    from nala_gen.sr.models import build_arch
+    from nala_gen.weights import write_weights
+
+    config = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
+    write_weights(build_arch("NaLaSR", config).state_dict(), tmp_path, "tiny", "sr", "NaLaSR", config, {})
+    results = evaluate(mini_root / "datasets" / "mini" / "val", 4, ["bicubic", str(tmp_path / "tiny.json")])
+    bicubic = results["bicubic"]
+    assert set(bicubic["per_image"]) == {"china", "flower"}
+    assert 20 < bicubic["psnr"] < 40 and 0.5 < bicubic["ssim"] < 1
+    # An untrained network is far worse than bicubic: the metric sees the difference.
+    assert results[str(tmp_path / "tiny.json")]["psnr"] < bicubic["psnr"] - 3
