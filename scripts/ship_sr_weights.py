@@ -11,6 +11,7 @@ import platform
 import re
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import yaml
@@ -32,12 +33,20 @@ def cpu_name() -> str:
     return platform.processor()
 
 
-def train_seconds(log_dir: Path) -> float:
-    """Sum of 'Time consumed' over the run's logs (a resumed run has several)."""
+def train_seconds(log_dir: Path, total_iter: int) -> float:
+    """Wall time from 'Start training' to the last logged iteration <= total_iter, summed over the run's logs
+    (an interrupted and resumed run has several; iterations redone after a resume count twice)."""
+    stamp = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ INFO: "
     total = 0.0
     for log in sorted(log_dir.glob("train_*.log")):
-        for h, m, s in re.findall(r"Time consumed: (\d+):(\d+):(\d+)", log.read_text()):
-            total += int(h) * 3600 + int(m) * 60 + int(s)
+        start = end = None
+        for line in log.read_text().splitlines():
+            if m := re.match(stamp + "Start training", line):
+                start = datetime.fromisoformat(m.group(1))
+            elif (m := re.match(stamp + r".*iter:\s+(\d+),", line)) and int(m.group(2)) <= total_iter:
+                end = datetime.fromisoformat(m.group(1))
+        if start and end:
+            total += (end - start).total_seconds()
     return total
 
 
@@ -61,11 +70,12 @@ def main() -> int:
             "batch": train["batch_size_per_gpu"],
             "lr_patch": train["gt_size"] // opt["scale"],
             "seed": opt["manual_seed"],
-            "train_time_s": train_seconds(exp),
+            "train_time_s": train_seconds(exp, opt["train"]["total_iter"]),
             "hardware": device,
             "command": f"python -m nala_gen.sr.train -opt {option}",
         }
-        card = export_checkpoint(exp / "models" / "net_g_latest.pth", option, name, "weights", info)
+        checkpoint = exp / "models" / f"net_g_{opt['train']['total_iter']}.pth"
+        card = export_checkpoint(checkpoint, option, name, "weights", info)
         print(f"exported {card}")
     for scale, models in ((4, ["bicubic", "esrt-x4", "nalasr-light-x4"]), (2, ["bicubic", "nalasr-light-x2"])):
         cmd = ["nala-sr", "evaluate", "--scale", str(scale), "--models", *models]
