@@ -103,7 +103,10 @@ class TrainConfig:
             (self.sigma_sampling in SIGMA_SAMPLING, f"sigma_sampling must be one of {SIGMA_SAMPLING}"),
             (self.data.channels in (1, 3), f"data.channels must be 1 or 3, got {self.data.channels}"),
             (self.data.image_size > 0, "data.image_size must be positive"),
-            (min(self.batch_size, self.grad_accum, self.max_steps) > 0, "batch_size, grad_accum, max_steps must be > 0"),
+            (
+                min(self.batch_size, self.grad_accum, self.max_steps) > 0,
+                "batch_size, grad_accum, max_steps must be > 0",
+            ),
             (self.checkpoint_every > 0 and self.log_every > 0, "checkpoint_every and log_every must be > 0"),
             (self.keep_checkpoints > 0, "keep_checkpoints must be > 0"),
             (0 <= self.class_dropout_prob < 1, "class_dropout_prob must be in [0, 1)"),
@@ -129,15 +132,39 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
+def _coerce(name: str, kind: str, value):
+    """Numbers YAML 1.1 reads as strings (``1e-3`` without a dot) -> the field's type; anything else is checked."""
+    base = kind.replace(" | None", "")
+    if value is None and kind.endswith("| None"):
+        return None
+    if base in ("int", "float") and isinstance(value, str):
+        try:
+            value = float(value) if base == "float" else int(value)
+        except ValueError:
+            raise ValueError(f"{name} must be a number, got {value!r}") from None
+    ok = {
+        "int": isinstance(value, int) and not isinstance(value, bool),
+        "float": isinstance(value, (int, float)) and not isinstance(value, bool),
+        "bool": isinstance(value, bool),
+        "str": isinstance(value, str),
+    }.get(base, True)
+    if not ok:
+        raise ValueError(f"{name} must be {base}, got {value!r}")
+    return float(value) if base == "float" else value
+
+
 def _build(cls, values: dict, where: str):
     """A dataclass from a mapping, refusing unknown keys (typos must not be silently ignored)."""
     if not isinstance(values, dict):
         raise ValueError(f"{where or 'the config'} must be a mapping, got {type(values).__name__}")
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
+    fields = {f.name: f.type for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ValueError(f"unknown {where + ' ' if where else ''}field(s) {', '.join(unknown)}; known: {sorted(names)}")
-    return cls(**values)
+        raise ValueError(
+            f"unknown {where + ' ' if where else ''}field(s) {', '.join(unknown)}; known: {sorted(fields)}"
+        )
+    prefix = f"{where}." if where else ""
+    return cls(**{k: _coerce(prefix + k, str(fields[k]), v) for k, v in values.items()})
 
 
 def _set_dotted(tree: dict, key: str, value) -> None:

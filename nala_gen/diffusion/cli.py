@@ -1,0 +1,307 @@
+"""``nala-gen``: sample, train, list and export NaLaDiT / NaLaSiT class-conditional image models.
+
+nala-gen sample --model NAME_OR_DIR [--class 3|three|3,7|all] [--grid N] [--steps 50] [--cfg 2] [--seed 0]
+                [--scheduler ddpm|ddim|dpm|euler|heun] [--size PX] [--zoom K] [-o out.png] [--json]
+nala-gen train --config options/diffusion/naladit_digits.yml [--override key=value ...] [--resume latest|PATH]
+nala-gen models
+nala-gen export RUN_DIR_OR_PIPELINE --name NAME [--out weights]
+
+``sample`` writes one image: one row per requested class, ``--grid N`` samples of that class side by side (so
+``--class 3 --grid 8`` is a row of eight 3s, ``--class all --grid 4`` a 10 x 4 grid for digits). ``--model`` is a
+pipeline folder (``OUTPUT_DIR/pipeline`` of a training) or a named weight (``nala-gen models``) whose sha256 is
+checked first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+EPSILON_SCHEDULERS = ("ddpm", "ddim", "dpm")
+FLOW_SCHEDULERS = ("euler", "heun")
+
+
+# ------------------------------------------------------------------------------------------------------ loading
+def load_pipeline(spec: str):
+    """A :class:`NaLaDiTPipeline` from a pipeline folder or a verified named weight (task ``diffusion``).
+
+    Returns:
+        (pipeline, display name)
+    """
+    from nala_gen.weights import WeightsError, resolve, verify
+
+    path = Path(spec)
+    if path.is_dir() and (path / "model_index.json").is_file():
+        return _from_pretrained(path), str(path)
+    card = resolve(spec)
+    if card.task != "diffusion":
+        raise WeightsError(f"{card.name} holds {card.task!r} weights, not a diffusion pipeline")
+    if not (card.payload / "model_index.json").is_file():
+        raise WeightsError(f"{card.payload} is not a diffusers pipeline folder")
+    verify(card)
+    return _from_pretrained(card.payload), card.name
+
+
+def _from_pretrained(folder: Path):
+    from diffusers.utils import logging
+
+    from .pipeline import NaLaDiTPipeline
+
+    # diffusers' "Loading pipeline components" bar would bury the one line a CLI user needs on stderr.
+    enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        return NaLaDiTPipeline.from_pretrained(folder)
+    finally:
+        if enabled:
+            logging.enable_progress_bar()
+
+
+def set_scheduler(pipe, name: str | None) -> str:
+    """Swap the pipeline's scheduler for ``name`` (built from the saved config); returns the scheduler's name."""
+    from diffusers import (
+        DDIMScheduler,
+        DDPMScheduler,
+        DPMSolverMultistepScheduler,
+        FlowMatchEulerDiscreteScheduler,
+        FlowMatchHeunDiscreteScheduler,
+    )
+
+    classes = {
+        "ddpm": DDPMScheduler,
+        "ddim": DDIMScheduler,
+        "dpm": DPMSolverMultistepScheduler,
+        "euler": FlowMatchEulerDiscreteScheduler,
+        "heun": FlowMatchHeunDiscreteScheduler,
+    }
+    if name is None:
+        return type(pipe.scheduler).__name__
+    allowed = FLOW_SCHEDULERS if pipe.is_flow else EPSILON_SCHEDULERS
+    if name not in allowed:
+        kind = "a flow-matching (SiT)" if pipe.is_flow else "an epsilon (DiT)"
+        raise ValueError(f"scheduler {name!r} does not fit {kind} model; use {', '.join(allowed)}")
+    pipe.scheduler = classes[name].from_config(pipe.scheduler.config)
+    return classes[name].__name__
+
+
+def parse_classes(text: str, pipe) -> list[int]:
+    """``all``, or comma-separated class ids and/or names -> class ids (ValueError for unknown ones)."""
+    if text.strip().lower() == "all":
+        return list(range(pipe.transformer.config.num_classes))
+    items: list[int | str] = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            raise ValueError(f"empty class in {text!r}")
+        if not item.lstrip("+-").isdigit() and item.lower() not in pipe.labels:
+            known = ", ".join(pipe.id2label.values()) or "none: this model has no class names, use ids"
+            raise ValueError(f"unknown class name {item!r} (known: {known})")
+        items.append(int(item) if item.lstrip("+-").isdigit() else item)
+    return pipe.get_label_ids(items)
+
+
+def parse_size(text: str) -> tuple[int, int]:
+    """``32`` or ``32x48`` (height x width) -> (height, width)."""
+    try:
+        parts = [int(p) for p in text.lower().split("x")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size {text!r} is not PX or HxW") from None
+    if len(parts) not in (1, 2) or min(parts) <= 0:
+        raise argparse.ArgumentTypeError(f"size {text!r} is not PX or HxW")
+    return (parts[0], parts[-1])
+
+
+# ------------------------------------------------------------------------------------------------------ images
+def make_grid(images: list, rows: int, cols: int):
+    """PIL images (all the same size and mode), row-major -> one PIL image of rows x cols tiles."""
+    from PIL import Image
+
+    width, height = images[0].size
+    grid = Image.new(images[0].mode, (cols * width, rows * height))
+    for i, img in enumerate(images):
+        grid.paste(img, ((i % cols) * width, (i // cols) * height))
+    return grid
+
+
+def image_format(path: Path) -> str:
+    from PIL import Image
+
+    fmt = Image.registered_extensions().get(path.suffix.lower())
+    if fmt is None:
+        raise ValueError(f"cannot tell the image format of {path} from its suffix (use .png, .jpg, .webp...)")
+    return fmt
+
+
+def save_atomic(img, path: Path) -> Path:
+    """Encode into a temporary file beside ``path``, then rename it into place (no half-written outputs)."""
+    fmt = image_format(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            img.save(f, format=fmt)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------ commands
+def sample(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="nala-gen sample", description="Class-conditional samples of a NaLaDiT.")
+    parser.add_argument("-m", "--model", required=True, help="pipeline folder or named weights (nala-gen models)")
+    parser.add_argument("-c", "--class", dest="classes", default="all", help="id, name, comma list, or all")
+    parser.add_argument("--grid", type=int, default=1, help="samples per class, side by side (default 1)")
+    parser.add_argument("--steps", type=int, default=50, help="scheduler steps (default 50)")
+    parser.add_argument("--cfg", type=float, default=1.0, help="classifier-free guidance scale (1: off)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scheduler", choices=[*EPSILON_SCHEDULERS, *FLOW_SCHEDULERS], help="default: the saved one")
+    parser.add_argument("--size", type=parse_size, help="sample size PX or HxW (default: the training size)")
+    parser.add_argument("--zoom", type=int, default=1, help="enlarge the written image K times (nearest)")
+    parser.add_argument("-o", "--output", type=Path, default=Path("sample.png"))
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    parser.add_argument("--json", action="store_true", help="print one JSON object (readout) instead of the path")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    if args.grid < 1 or args.steps < 1 or args.zoom < 1:
+        parser.error("--grid, --steps and --zoom must be positive")
+
+    import torch
+    from PIL import Image
+
+    from nala_gen.weights import WeightsError
+
+    try:
+        image_format(args.output)
+        pipe, name = load_pipeline(args.model)
+        scheduler = set_scheduler(pipe, args.scheduler)
+        classes = parse_classes(args.classes, pipe)
+        device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+        pipe.to(device)
+        pipe.set_progress_bar_config(disable=args.quiet or args.json)
+        height, width = args.size or (None, None)
+        labels = [c for c in classes for _ in range(args.grid)]
+        images = pipe(
+            labels,
+            num_inference_steps=args.steps,
+            guidance_scale=args.cfg,
+            generator=torch.Generator().manual_seed(args.seed),
+            height=height,
+            width=width,
+        ).images
+        grid = make_grid(images, len(classes), args.grid)
+        if args.zoom > 1:
+            grid = grid.resize((grid.width * args.zoom, grid.height * args.zoom), Image.Resampling.NEAREST)
+        save_atomic(grid, args.output)
+    except (WeightsError, ValueError, OSError) as err:
+        print(f"nala-gen sample: error: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 1
+    readout = pipe.last_readout
+    record = {
+        "output": str(args.output),
+        "model": name,
+        "classes": classes,
+        "labels": [pipe.id2label.get(c, "unconditional") for c in classes],
+        "grid": args.grid,
+        "image_size": [images[0].height, images[0].width],
+        "output_size": [grid.height, grid.width],
+        "scheduler": scheduler,
+        "cfg": args.cfg,
+        "seed": args.seed,
+        **{k: readout[k] for k in ("latency_s", "peak_mem_bytes", "tokens", "steps", "model_evals", "batch")},
+        **{k: readout[k] for k in ("mode", "attention_type", "device")},
+    }
+    print(json.dumps(record) if args.json else args.output, flush=True)
+    return 0
+
+
+def models(argv: list[str]) -> int:
+    argparse.ArgumentParser(prog="nala-gen models", description="List the named diffusion weights.").parse_args(argv)
+    from nala_gen.weights import list_weights
+
+    cards = list_weights("diffusion")
+    if not cards:
+        print("no named diffusion weights installed (train one, then nala-gen export)")
+    for card in cards:
+        steps = card.info.get("steps")
+        extra = f"; {steps} steps on {card.info.get('data', {}).get('source', '?')}" if steps else ""
+        print(f"{card.name:<24} {card.arch:<8} {card.payload}{extra}")
+    return 0
+
+
+def export_pipeline(source: Path, name: str, out: Path) -> Path:
+    """Copy a trained pipeline to ``out/NAME/`` and write its card ``out/NAME.json`` (with the folder's sha256).
+
+    ``source`` is a training's ``output_dir`` (its ``pipeline/`` and ``training_info.json`` are used) or a
+    pipeline folder.
+    """
+    from nala_gen.weights import sha256_of
+
+    pipeline = source / "pipeline" if (source / "pipeline" / "model_index.json").is_file() else source
+    if not (pipeline / "model_index.json").is_file():
+        raise ValueError(f"{source} is neither a training output folder nor a pipeline folder")
+    info_path = pipeline.parent / "training_info.json"
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    config = json.loads((pipeline / "transformer" / "config.json").read_text())
+    scheduler = json.loads((pipeline / "scheduler" / "scheduler_config.json").read_text())
+    arch = "NaLaSiT" if "FlowMatch" in scheduler.get("_class_name", "") else "NaLaDiT"
+    out.mkdir(parents=True, exist_ok=True)
+    target, tmp = out / name, out / f".{name}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(pipeline, tmp)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    card = {
+        "name": name,
+        "task": "diffusion",
+        "arch": arch,
+        "config": {k: v for k, v in config.items() if not k.startswith("_")},
+        "payload": name,
+        "sha256": sha256_of(target),
+        "info": {k: info[k] for k in ("steps", "wall_time_s", "objective", "data", "params", "command") if k in info},
+    }
+    card_path = out / f"{name}.json"
+    card_path.write_text(json.dumps(card, indent=2) + "\n")
+    return card_path
+
+
+def export(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="nala-gen export", description="A trained pipeline -> named weights.")
+    parser.add_argument("source", type=Path, help="a training's output_dir or its pipeline folder")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--out", type=Path, default=Path("weights"))
+    args = parser.parse_args(argv)
+    card = export_pipeline(args.source, args.name, args.out)
+    print(f"wrote {card} and {card.with_suffix('')}/")
+    return 0
+
+
+def train(argv: list[str]) -> int:
+    from .train import main as run
+
+    return run(argv)
+
+
+COMMANDS = {"sample": sample, "train": train, "models": models, "export": export}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(__doc__.strip(), file=sys.stderr)
+        return 2
+    command, rest = argv[0], argv[1:]
+    try:
+        return COMMANDS[command](rest)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"nala-gen {command}: error: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
