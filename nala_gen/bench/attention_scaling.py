@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from nala_gen.attention import feature_dim, linear_attention
-from nala_gen.bench.worker import run_worker
+from nala_gen.bench.common import plot_cost, run_worker
 from nala_gen.profiling import PeakMemory
 
 SIZES = (1024, 4096, 16384, 65536, 71680)
@@ -126,32 +126,6 @@ def summarise(rows: list[dict], floor: dict) -> None:
         row["io_floor_s"] = io_bytes / (floor["copy_gbps"] * 1e9)
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
-    for method in dict.fromkeys(r["method"] for r in rows):
-        ok = [r for r in rows if r["method"] == method and r["status"] == "ok"]
-        if not ok:
-            continue
-        tokens = [r["tokens"] for r in ok]
-        axes[0].loglog(tokens, [r["latency_s"] * 1e3 for r in ok], marker="o", label=method)
-        axes[1].loglog(tokens, [max(r["peak_extra_bytes"], 2**20) / 2**20 for r in ok], marker="o", label=method)
-    axes[0].set_ylabel("median latency (ms)")
-    axes[1].set_ylabel("peak extra memory (MiB, RSS)")
-    for ax in axes:
-        ax.set_xlabel("tokens N (4 heads, d = 32, fp32, batch 1)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("Attention cost vs tokens on this CPU (each point a fresh process)")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nala-bench attention", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
@@ -199,7 +173,14 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     (args.out / "attention_scaling.json").write_text(json.dumps(result, indent=2))
-    plot(rows, args.out / "attention_scaling.png")
+    plot_cost(
+        rows,
+        "method",
+        args.out / "attention_scaling.png",
+        "tokens N (4 heads, d = 32, fp32, batch 1)",
+        "Attention cost vs tokens on this CPU (each point a fresh process)",
+        "ms",
+    )
     print(f"wrote {args.out / 'attention_scaling.json'} and {args.out / 'attention_scaling.png'}")
     return 0
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from nala_gen.bench.worker import limit_memory, run_worker
+from nala_gen.bench.common import limit_memory, plot_cost, run_worker
 from nala_gen.profiling import PeakMemory
 
 SIZES = ("64x64", "128x128", "192x192", "256x280", "320x320")
@@ -80,34 +80,6 @@ def model_costs(model: str) -> dict:
     return {"params": sum(p.numel() for p in net.parameters()), "gflops_at_64x64": counter.get_total_flops() / 1e9}
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
-    for model in dict.fromkeys(r["model"] for r in rows):
-        ok = [r for r in rows if r["model"] == model and r["status"] == "ok"]
-        if ok:
-            tokens = [r["tokens"] for r in ok]
-            axes[0].loglog(tokens, [r["latency_s"] for r in ok], marker="o", label=model)
-            axes[1].loglog(tokens, [r["peak_extra_bytes"] / 2**30 for r in ok], marker="o", label=model)
-        for r in rows:
-            if r["model"] == model and r["status"] == "oom":
-                axes[1].scatter([r["tokens"]], [r["limit_bytes"] / 2**30], marker="x", color="red")
-    axes[0].set_ylabel("median latency (s)")
-    axes[1].set_ylabel("peak extra memory (GiB); x = out of memory at the cap")
-    for ax in axes:
-        ax.set_xlabel("LR tokens (pixels), x4, fp32, batch 1")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("Super-resolution cost vs input size on this CPU (fresh process per point)")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nala-bench sr", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), help="LR sizes HxW")
@@ -158,7 +130,14 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     (args.out / "sr_scaling.json").write_text(json.dumps(result, indent=2))
-    plot(rows, args.out / "sr_scaling.png")
+    plot_cost(
+        rows,
+        "model",
+        args.out / "sr_scaling.png",
+        "LR tokens (pixels), x4, fp32, batch 1",
+        "Super-resolution cost vs input size on this CPU (fresh process per point)",
+        "s",
+    )
     print(f"wrote {args.out / 'sr_scaling.json'} and {args.out / 'sr_scaling.png'}")
     return 0
 

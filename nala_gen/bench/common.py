@@ -1,0 +1,78 @@
+"""What the benchmarks share: a fresh Python process per configuration, and the latency/memory plot.
+
+A fresh process per point keeps one configuration's allocator state and high-water mark out of the next. An
+optional address-space cap (``RLIMIT_DATA``) turns a configuration that would exhaust the machine into a
+clean "out of memory" result instead of the kernel's OOM killer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+
+def limit_memory(max_bytes: int) -> None:
+    """Cap this process's data segment (heap and private mappings), so big allocations fail, not the machine."""
+    resource.setrlimit(resource.RLIMIT_DATA, (max_bytes, max_bytes))
+
+
+def run_worker(module: str, args: list[str], env: dict | None = None, timeout: float | None = None) -> dict:
+    """``python -m module *args`` -> the JSON object on its last stdout line, or a status with the reason."""
+    cmd = [sys.executable, "-m", module, *args]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "note": f"over {timeout:.0f} s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode == 0 and lines:
+        return json.loads(lines[-1])
+    err = proc.stderr.strip().splitlines()
+    reason = err[-1] if err else f"exit {proc.returncode}"
+    oom = "memory" in proc.stderr.lower() or proc.returncode in (-9, 137)
+    return {"status": "oom" if oom else "failed", "note": reason[-300:]}
+
+
+def plot_cost(rows: list[dict], series_key: str, path: Path, xlabel: str, title: str, latency_unit: str = "ms") -> None:
+    """Log-log latency and peak-memory panels, one line per ``row[series_key]``. Rows that ran out of memory
+    ("oom") get an x at the cap they hit (``limit_bytes``); rows skipped with a computed need (``needs_bytes``)
+    an open triangle there, marked as computed, not measured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scale = {"ms": 1e3, "s": 1.0}[latency_unit]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
+    for name in dict.fromkeys(r[series_key] for r in rows):
+        ok = [r for r in rows if r[series_key] == name and r["status"] == "ok"]
+        if ok:
+            tokens = [r["tokens"] for r in ok]
+            axes[0].loglog(tokens, [r["latency_s"] * scale for r in ok], marker="o", label=name)
+            axes[1].loglog(tokens, [max(r["peak_extra_bytes"], 2**20) / 2**20 for r in ok], marker="o", label=name)
+        for r in rows:
+            if r[series_key] == name and r["status"] == "oom":
+                axes[1].scatter([r["tokens"]], [r["limit_bytes"] / 2**20], marker="x", color="red", zorder=3)
+            if r[series_key] == name and "needs_bytes" in r:
+                axes[1].scatter(
+                    [r["tokens"]],
+                    [r["needs_bytes"] / 2**20],
+                    marker="^",
+                    facecolors="none",
+                    edgecolors="gray",
+                    zorder=3,
+                )
+    axes[0].set_ylabel(f"median latency ({latency_unit})")
+    axes[1].set_ylabel("peak extra memory (MiB, RSS)")
+    axes[1].set_title("x: out of memory at the cap; open triangle: needed (computed)", fontsize=8)
+    for ax in axes:
+        ax.set_xlabel(xlabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
