@@ -6,7 +6,7 @@ STAMP := $(VENV)/.nala-installed
 # The torch/torchvision pair this project is tested with (on x86_64 Python 3.11 pip finds them on disk).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install demo test lint bench weights-sr clean
+.PHONY: install browser demo app test lint bench weights-sr clean
 
 install: $(STAMP)
 
@@ -15,13 +15,22 @@ $(STAMP): setup.cfg pyproject.toml Makefile
 	$(BIN)/pip install -q $(TORCH_PINS) setuptools wheel numpy
 	# basicsr 1.4.2's setup.py imports torch: build it against the torch above, not in isolation.
 	$(BIN)/pip install -q --no-build-isolation basicsr==1.4.2
-	$(BIN)/pip install -q -e '.[sr,diffusion,plot,test]'
+	$(BIN)/pip install -q -e '.[sr,diffusion,plot,app,test]'
 	touch $@
 
 demo: $(STAMP)
 	$(BIN)/python -m nala_gen.sr.demo --out outputs/demo
 
-test: $(STAMP)
+# The browser tests drive Debian's chromium through playwright (never `playwright install`: it downloads a
+# browser). Installed when missing and we are root (CI is); otherwise those tests skip and say why.
+browser:
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null)
+
+app: $(STAMP)
+	$(BIN)/nala-app --host 127.0.0.1 --port 7860
+
+test: $(STAMP) browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
