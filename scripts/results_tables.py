@@ -1,0 +1,93 @@
+"""Print the README's result tables (markdown) from the JSON files under benchmarks/results/."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+def attention_table() -> str:
+    data = json.loads((RESULTS / "attention_scaling.json").read_text())
+    machine = data["machine"]
+    rows = data["rows"]
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    sizes = list(dict.fromkeys(r["tokens"] for r in rows))
+    lines = [
+        f"Median of {data['repeats']} runs, each configuration in a fresh process; {machine['cpu_count']} cores, "
+        f"torch {machine['torch']}; `torch.mm` fp32 {machine['mm_gflops']:.0f} GFLOP/s and copy "
+        f"{machine['copy_gbps']:.1f} GB/s (read + write) measured in the same run.",
+        "",
+        "| tokens | " + " | ".join(methods) + " |",
+        "|---|" + "---|" * len(methods),
+    ]
+    for n in sizes:
+        cells = []
+        for m in methods:
+            r = next(r for r in rows if r["tokens"] == n and r["method"] == m)
+            if r["status"] == "ok":
+                cells.append(f"{r['latency_s'] * 1e3:,.1f} ms / {r['peak_extra_bytes'] / 2**20:,.0f} MiB")
+            elif "needs_bytes" in r:
+                cells.append(f"needs ~{r['needs_bytes'] / 1e9:,.0f} GB (computed)")
+            else:
+                cells.append(r["status"])
+        lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
+    big = max(sizes)
+    by = {r["method"]: r for r in rows if r["tokens"] == big and r["status"] == "ok"}
+    if {"nala", "relu", "softmax_sdpa"} <= by.keys():
+        nala = by["nala"]
+        lines += [
+            "",
+            f"At {big:,} tokens: NaLa is {by['softmax_sdpa']['latency_s'] / nala['latency_s']:.0f}x faster than fused "
+            f"softmax (SDPA) and takes {nala['latency_s'] / by['relu']['latency_s']:.1f}x the time of plain ReLU "
+            f"linear attention; it runs at {nala['gflops']:.1f} GFLOP/s ({nala['share_of_mm_peak']:.0%} of mm), "
+            f"{nala['latency_s'] / nala['io_floor_s']:.0f}x the floor of reading q, k, v and writing the output at "
+            f"copy bandwidth ({nala['io_floor_s'] * 1e3:.1f} ms).",
+        ]
+    return "\n".join(lines)
+
+
+def sr_cost_table() -> str:
+    data = json.loads((RESULTS / "sr_scaling.json").read_text())
+    rows = data["rows"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    lines = [
+        f"x4, fp32, batch 1, median of {data['repeats']} runs, fresh process per point, memory capped at "
+        f"{data['mem_limit_bytes'] / 2**30:.0f} GiB per process.",
+        "",
+        "| LR size (tokens) | " + " | ".join(models) + " |",
+        "|---|" + "---|" * len(models),
+    ]
+    for size in dict.fromkeys(r["size"] for r in rows):
+        cells = []
+        for m in models:
+            r = next(r for r in rows if r["size"] == size and r["model"] == m)
+            if r["status"] == "ok":
+                cells.append(f"{r['latency_s']:.2f} s / {r['peak_extra_bytes'] / 2**30:.2f} GiB")
+            else:
+                cells.append(f"{r['status']} (cap {r['limit_bytes'] / 2**30:.0f} GiB)")
+        tokens = next(r["tokens"] for r in rows if r["size"] == size)
+        lines.append(f"| {size} ({tokens:,}) | " + " | ".join(cells) + " |")
+    costs = data["costs"]
+    lines += ["", "| model | params | GFLOPs at 64x64 LR |", "|---|---|---|"]
+    lines += [f"| {m} | {c['params'] / 1e6:.3f} M | {c['gflops_at_64x64']:.2f} |" for m, c in costs.items()]
+    return "\n".join(lines)
+
+
+def sr_quality_table() -> str:
+    data = json.loads((RESULTS / "sr_quality.json").read_text())
+    lines = ["| scale | model | PSNR (Y) | SSIM (Y) |", "|---|---|---|---|"]
+    for scale, block in data.items():
+        for name, r in block.items():
+            if isinstance(r, dict) and "psnr" in r:
+                lines.append(f"| {scale} | {name} | {r['psnr']:.2f} | {r['ssim']:.4f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    for title, fn in (("attention", attention_table), ("sr cost", sr_cost_table), ("sr quality", sr_quality_table)):
+        try:
+            print(f"### {title}\n\n{fn()}\n")
+        except FileNotFoundError as err:
+            print(f"### {title}\n\n(missing: {err.filename})\n")
