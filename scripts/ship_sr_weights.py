@@ -19,6 +19,14 @@ import yaml
 import nala_gen.sr  # noqa: F401
 from nala_gen.sr.models import export_checkpoint
 
+# How the shipped runs actually went on this machine (kept on each card, so the times above can be read right).
+SHARED = "ran concurrently with the other two runs on 2 shared vCPUs, one thread each (OMP_NUM_THREADS=1)"
+RUN_NOTES = {
+    "nalasr-light-x4": SHARED + "; it started with two threads, was stopped at iteration 750 and resumed from its "
+    "500 checkpoint with --auto_resume",
+    "esrt-x4": SHARED,
+    "nalasr-light-x2": SHARED,
+}
 RUNS = {
     "nalasr-light-x4": "options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml",
     "esrt-x4": "options/train/ESRT/train_ESRT_x4_mini.yml",
@@ -73,6 +81,7 @@ def main() -> int:
             "train_time_s": train_seconds(exp, opt["train"]["total_iter"]),
             "hardware": device,
             "command": f"python -m nala_gen.sr.train -opt {option}",
+            "notes": RUN_NOTES.get(name, ""),
         }
         checkpoint = exp / "models" / f"net_g_{opt['train']['total_iter']}.pth"
         card = export_checkpoint(checkpoint, option, name, "weights", info)
