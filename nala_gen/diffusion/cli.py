@@ -15,12 +15,14 @@ checked first.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+from nala_gen.fileio import write_atomic
 
 EPSILON_SCHEDULERS = ("ddpm", "ddim", "dpm")
 FLOW_SCHEDULERS = ("euler", "heun")
@@ -138,17 +140,9 @@ def image_format(path: Path) -> str:
 
 def save_atomic(img, path: Path) -> Path:
     """Encode into a temporary file beside ``path``, then rename it into place (no half-written outputs)."""
-    fmt = image_format(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            img.save(f, format=fmt)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    buffer = io.BytesIO()
+    img.save(buffer, format=image_format(path))
+    return write_atomic(path, buffer.getvalue())
 
 
 # ------------------------------------------------------------------------------------------------------ commands

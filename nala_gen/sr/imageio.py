@@ -8,13 +8,13 @@ folder, then a rename, so an interrupted run never leaves a half-written image.
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from pathlib import Path
 
 import cv2
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+
+from nala_gen.fileio import write_atomic
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 
@@ -74,14 +74,4 @@ def encode_image(img: np.ndarray, suffix: str) -> bytes:
 def write_image_atomic(img: np.ndarray, path: str | Path) -> Path:
     """Encode by the path's suffix, write to a temporary file beside it, then rename into place."""
     path = Path(path)
-    data = encode_image(img, path.suffix.lower())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, encode_image(img, path.suffix.lower()))

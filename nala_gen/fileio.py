@@ -1,0 +1,23 @@
+"""Atomic file writes: a temporary file in the target folder, then a rename, so an interrupted run never leaves a
+half-written output (used by every command that writes images)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def write_atomic(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through a temporary file beside it and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
