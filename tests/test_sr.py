@@ -37,6 +37,15 @@ def test_archs_build_through_basicsr_and_keep_odd_sizes(arch, scale):
     assert out.shape == (2, 3, 13 * scale, 18 * scale)
 
 
+def test_nalasr_large_builds():
+    from nala_gen.sr import NALASR_SIZES
+
+    net = build_network({"type": "NaLaSR", "upscale": 4, **NALASR_SIZES["large"]})
+    assert 2.0e6 < n_params(net) < 2.2e6
+    with torch.no_grad():
+        assert net(torch.rand(1, 3, 10, 7)).shape == (1, 3, 40, 28)
+
+
 def test_nalasr_light_has_esrt_parameter_count():
     # Only the attention differs, and it has no parameters of its own: an equal-budget comparison.
     assert n_params(build_network({"type": "NaLaSR", "upscale": 4})) == n_params(
