@@ -5,6 +5,7 @@ nala-gen sample --model NAME_OR_DIR [--class 3|three|3,7|all] [--grid N] [--step
 nala-gen train --config options/diffusion/naladit_digits.yml [--override key=value ...] [--resume latest|PATH]
 nala-gen models
 nala-gen export RUN_DIR_OR_PIPELINE --name NAME [--out weights]
+nala-gen quality --model NAME_OR_DIR [--per-class 100] [--steps 50] [--cfg 2] [--json FILE]
 
 ``sample`` writes one image: one row per requested class, ``--grid N`` samples of that class side by side (so
 ``--class 3 --grid 8`` is a row of eight 3s, ``--class all --grid 4`` a 10 x 4 grid for digits). ``--model`` is a
@@ -281,7 +282,13 @@ def train(argv: list[str]) -> int:
     return run(argv)
 
 
-COMMANDS = {"sample": sample, "train": train, "models": models, "export": export}
+def quality(argv: list[str]) -> int:
+    from .quality import main as run
+
+    return run(argv)
+
+
+COMMANDS = {"sample": sample, "train": train, "models": models, "export": export, "quality": quality}
 
 
 def main(argv: list[str] | None = None) -> int:
