@@ -67,20 +67,21 @@ class NaLaAttention(nn.Module):
             raise ValueError(f"unknown attn_type {attn_type!r}; choose one of {', '.join(kernel_names())}")
         self.num_heads = num_heads
         self.attn_type = attn_type
-        self.use_rope = use_rope
         self.kernel_options = dict(kernel_options or {})
+        # Linear kernels rotate their features (2d wide for the cosine/split maps), softmax rotates q, k; 2-D RoPE
+        # needs a size divisible by 4. Fixed by the config, so found once here rather than on every forward.
+        rope_dim = feature_dim(attn_type, dim // num_heads, **self.kernel_options)
+        self.rope_dim = rope_dim if use_rope and rope_dim % 4 == 0 else None
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.lepe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim) if use_lepe else None
         self.gate = nn.Linear(dim, dim) if use_gate else None
         self.out_norm = nn.LayerNorm(dim) if use_gate else None
         self.proj = nn.Linear(dim, dim)
 
-    def _rope(self, hw: Grid | None, head_dim: int, device: torch.device) -> tuple[Tensor, Tensor] | None:
-        if not self.use_rope or hw is None:
+    def _rope(self, hw: Grid | None, device: torch.device) -> tuple[Tensor, Tensor] | None:
+        if self.rope_dim is None or hw is None:
             return None
-        # Linear kernels rotate their features (2d wide for the cosine/split maps), softmax rotates q, k.
-        dim = feature_dim(self.attn_type, head_dim, **self.kernel_options)
-        return rope_2d(hw[0], hw[1], dim, device=device) if dim % 4 == 0 else None
+        return rope_2d(hw[0], hw[1], self.rope_dim, device=device)
 
     def forward(self, x: Tensor, hw: Grid | None = None) -> Tensor:
         """x: (B, N, C); hw: the (H, W) grid of the N tokens (enables RoPE and LePE). Returns (B, N, C)."""
@@ -89,7 +90,7 @@ class NaLaAttention(nn.Module):
             raise ValueError(f"{n} tokens do not fill a {hw[0]}x{hw[1]} grid")
         heads = self.num_heads
         q, k, v = self.qkv(x).reshape(b, n, 3, heads, c // heads).permute(2, 0, 3, 1, 4)
-        rope = self._rope(hw, c // heads, x.device)
+        rope = self._rope(hw, x.device)
         out = linear_attention(q, k, v, kernel=self.attn_type, rope=rope, **self.kernel_options)
         out = out.transpose(1, 2).reshape(b, n, c)
         if self.lepe is not None and hw is not None:

@@ -160,7 +160,9 @@ class TokenAttention(nn.Module):
         self.attn_type = attn_type
         self.num_heads = num_heads
         self.num_splits = num_splits
-        self.use_rope = use_rope and attn_type != "emha"
+        # 2-D RoPE on the kernel's features (size found once here, not per forward); it needs a multiple of 4.
+        rope_dim = None if attn_type == "emha" else feature_dim(attn_type, inner // num_heads)
+        self.rope_dim = rope_dim if use_rope and rope_dim is not None and rope_dim % 4 == 0 else None
         self.reduce = nn.Linear(dim, inner)
         self.qkv = nn.Linear(inner, 3 * inner, bias=False)
         self.expand = nn.Linear(inner, dim)
@@ -169,10 +171,7 @@ class TokenAttention(nn.Module):
         """The parameter-free part: (B, heads, N, d) q, k, v -> (B, heads, N, d)."""
         if self.attn_type == "emha":
             return split_softmax_attention(q, k, v, self.num_splits)
-        rope = None
-        if self.use_rope:
-            fdim = feature_dim(self.attn_type, q.shape[-1])
-            rope = rope_2d(*hw, fdim, device=q.device) if fdim % 4 == 0 else None
+        rope = None if self.rope_dim is None else rope_2d(*hw, self.rope_dim, device=q.device)
         return linear_attention(q, k, v, kernel=self.attn_type, rope=rope)
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
