@@ -11,6 +11,8 @@ from nala_gen.attention import (
     entropy_vs_query_norm,
     kernel_names,
     linear_attention,
+    query_norm_entropy,
+    record_queries_keys,
     reference_attention,
     rope_2d,
 )
@@ -83,6 +85,32 @@ def test_attention_entropy_of_uniform_weights():
     k = torch.ones(1, 1, 16, 8)
     ent = attention_entropy(q, k, "nala")
     torch.testing.assert_close(ent, torch.full_like(ent, torch.log(torch.tensor(16.0)).item()).double())
+
+
+def test_record_queries_keys_sees_a_modules_real_queries():
+    attn = NaLaAttention(16, num_heads=2).eval()
+    x = torch.randn(2, 5 * 7, 16)
+    attn(x, (5, 7))  # outside the block: nothing kept
+    with record_queries_keys() as records:
+        attn(x, (5, 7))
+    attn(x, (5, 7))
+    assert len(records) == 1
+    q, k = records[0]
+    assert q.shape == k.shape == (2, 2, 35, 8) and not q.requires_grad
+    # They are the module's own projections: recompute q from the qkv layer.
+    expected_q = attn.qkv(x).reshape(2, 35, 3, 2, 8)[:, :, 0].transpose(1, 2)
+    torch.testing.assert_close(q, expected_q.detach())
+
+
+def test_query_norm_entropy_relu_is_blind_to_scale_nala_and_softmax_are_not():
+    q, k, _ = qkv(b=2, h=2, n=24, d=8)
+    base = query_norm_entropy(q, k, ("relu", "nala", "softmax"))
+    doubled = query_norm_entropy(2 * q, k, ("relu", "nala", "softmax"))
+    assert base["norm"].shape == base["nala"].shape == (2 * 2 * 24,)
+    torch.testing.assert_close(doubled["norm"], 2 * base["norm"])
+    torch.testing.assert_close(doubled["relu"], base["relu"], atol=1e-9, rtol=0)
+    assert (doubled["nala"] < base["nala"]).float().mean() > 0.9
+    assert (doubled["softmax"] < base["softmax"]).float().mean() > 0.9
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -22,6 +22,20 @@ def attention_entropy(q: Tensor, k: Tensor, kernel: str = "nala", **kernel_optio
     return -(weights * torch.log(weights.clamp_min(1e-300))).sum(dim=-1)
 
 
+def query_norm_entropy(q: Tensor, k: Tensor, kernels: tuple[str, ...], **kernel_options) -> dict[str, Tensor]:
+    """Per-query norm and entropy under each kernel, for recorded queries and keys of a real model.
+
+    q, k: (B, heads, N, d) as given to the attention op (before any kernel or RoPE). Weights are built one batch
+    item at a time (O(heads * N^2) memory), so keep N to a few thousand. Returns ``{"norm": (M,), kernel: (M,)}``
+    with M = B * heads * N, float64.
+    """
+    result = {"norm": torch.linalg.vector_norm(q.double(), dim=-1).flatten()}
+    for kernel in kernels:
+        per_item = [attention_entropy(q[i : i + 1], k[i : i + 1], kernel, **kernel_options) for i in range(len(q))]
+        result[kernel] = torch.cat([e.flatten() for e in per_item])
+    return result
+
+
 def entropy_vs_query_norm(
     kernels: tuple[str, ...] = ("softmax", "nala", "relu"),
     norms: Tensor | None = None,

@@ -12,6 +12,8 @@ diagnostics read the weights from :func:`attention_weights`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +31,32 @@ DEFAULT_CHUNK = 4096
 # Denominators are clamped, not offset by an epsilon: an added epsilon would shrink rows whose features
 # are all tiny; a clamp only acts when the denominator is zero, i.e. a query that matches no key at all.
 _TINY = torch.finfo(torch.float32).tiny
+
+
+# Open recorders of record_queries_keys(); empty outside diagnostics, so the hot path pays one list check.
+_RECORDERS: list[list[tuple[Tensor, Tensor]]] = []
+
+
+@contextmanager
+def record_queries_keys() -> Iterator[list[tuple[Tensor, Tensor]]]:
+    """Collect the (q, k) that every attention call inside the block is given, detached and on the CPU.
+
+    Diagnostics use it to read a trained model's real queries and keys (e.g. entropy vs query norm) without
+    hooks into each model: :func:`linear_attention` (softmax included) reports them, and custom attentions
+    report theirs with :func:`report_queries_keys`.
+    """
+    store: list[tuple[Tensor, Tensor]] = []
+    _RECORDERS.append(store)
+    try:
+        yield store
+    finally:
+        _RECORDERS.remove(store)
+
+
+def report_queries_keys(q: Tensor, k: Tensor) -> None:
+    """Hand (B, heads, N, d) queries and keys to any open :func:`record_queries_keys` block."""
+    for store in _RECORDERS:
+        store.append((q.detach().cpu(), k.detach().cpu()))
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -84,6 +112,8 @@ def linear_attention(
     Returns:
         (B, heads, N_q, dv) in v's dtype.
     """
+    if _RECORDERS:
+        report_queries_keys(q, k)
     if kernel in SOFTMAX_KERNELS:
         return softmax_attention(q, k, v, rope)
     _check(q, k, v)

@@ -2,6 +2,8 @@
 
 nala-bench attention   latency and memory vs tokens for each kernel (fresh process per point)
 nala-bench entropy     attention entropy vs query norm for each kernel (PNG + JSON)
+nala-bench trained-entropy   the same on trained models' own queries and keys, with Spearman correlations
+nala-bench sr          SR models' latency and memory vs tokens (fresh process per point)
 """
 
 from __future__ import annotations
@@ -40,13 +42,17 @@ def entropy(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("attention", "entropy", "sr"):
+    if not argv or argv[0] not in ("attention", "entropy", "trained-entropy", "sr"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     if argv[0] == "attention":
         from nala_gen.bench.attention_scaling import main as attention
 
         return attention(argv[1:])
+    if argv[0] == "trained-entropy":
+        from nala_gen.bench.trained_entropy import main as trained_entropy
+
+        return trained_entropy(argv[1:])
     if argv[0] == "sr":
         from nala_gen.bench.sr_scaling import main as sr
 

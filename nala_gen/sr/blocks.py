@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nala_gen.attention import feature_dim, kernel_names, linear_attention, rope_2d
+from nala_gen.attention import feature_dim, kernel_names, linear_attention, report_queries_keys, rope_2d
 
 Tensor = torch.Tensor
 
@@ -170,6 +170,7 @@ class TokenAttention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, hw: tuple[int, int]) -> Tensor:
         """The parameter-free part: (B, heads, N, d) q, k, v -> (B, heads, N, d)."""
         if self.attn_type == "emha":
+            report_queries_keys(q, k)  # for diagnostics; a no-op unless record_queries_keys() is open
             return split_softmax_attention(q, k, v, self.num_splits)
         rope = None if self.rope_dim is None else rope_2d(*hw, self.rope_dim, device=q.device)
         return linear_attention(q, k, v, kernel=self.attn_type, rope=rope)

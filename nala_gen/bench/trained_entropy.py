@@ -1,0 +1,162 @@
+"""Entropy vs query norm on trained models' own queries and keys (the paper's Figures 1 and 3).
+
+For each trained model the queries and keys its attention actually sees are recorded
+(:func:`nala_gen.attention.record_queries_keys`), then every query's attention entropy is computed under each
+kernel (softmax, ReLU and ELU+1 linear, NaLa) from those same q and k, next to the query's norm. The paper's
+claim: entropy falls as the norm grows for softmax and NaLa (negative Spearman correlation), while ReLU-style
+linear attention is blind to the norm (correlation near zero).
+
+Pairs (each NaLa model next to its softmax twin, trained identically):
+
+* super-resolution: ``nalasr-light-x4`` and ``esrt-x4`` (the same layers with ESRT's split softmax), on the
+  centre crop of the bundled LR sample (one transformer layer, every token);
+* diffusion: ``naladit-digits`` and ``naladit-digits-softmax``, over a short class-conditional sampling run
+  (every layer, every step, guided and unguided halves).
+
+ESRT's own attention is softmax inside four token segments; here its q and k are scored with softmax over all
+tokens, the global form the other kernels use. Models that are not installed are skipped with a note.
+
+    nala-bench trained-entropy [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+KERNELS = ("softmax", "relu", "elu1", "nala")
+# model name -> (task, the kernel the model itself uses)
+MODELS = {
+    "nalasr-light-x4": ("sr", "nala"),
+    "esrt-x4": ("sr", "softmax"),
+    "naladit-digits": ("diffusion", "nala"),
+    "naladit-digits-softmax": ("diffusion", "softmax"),
+}
+SR_SAMPLE = Path(__file__).resolve().parents[2] / "assets" / "chelsea_lr_x4.png"
+Records = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+def sr_queries_keys(name: str, crop: int = 48) -> Records:
+    """The (q, k) of every attention call while ``name`` upscales the centre crop x crop of the LR sample."""
+    from nala_gen.attention import record_queries_keys
+    from nala_gen.sr.imageio import read_image
+    from nala_gen.sr.models import load_sr_model
+
+    net, _ = load_sr_model(name, 4)
+    img = read_image(SR_SAMPLE)
+    top, left = (img.shape[0] - crop) // 2, (img.shape[1] - crop) // 2
+    patch = torch.from_numpy(img[top : top + crop, left : left + crop, :3].astype(np.float32) / 255)
+    with torch.no_grad(), record_queries_keys() as records:
+        net(patch.permute(2, 0, 1)[None])
+    return records
+
+
+def diffusion_queries_keys(name: str, steps: int = 10, seed: int = 0) -> Records:
+    """The (q, k) of every attention call while ``name`` samples one image of each class with guidance 2."""
+    from nala_gen.attention import record_queries_keys
+    from nala_gen.diffusion.cli import load_pipeline
+
+    pipe, _ = load_pipeline(name)
+    pipe.set_progress_bar_config(disable=True)
+    classes = list(range(pipe.transformer.config.num_classes))
+    with torch.no_grad(), record_queries_keys() as records:
+        pipe(class_labels=classes, num_inference_steps=steps, guidance_scale=2.0, generator=torch.manual_seed(seed))
+    return records
+
+
+def _entropies(records: Records, query_scale: float = 1.0) -> dict[str, np.ndarray]:
+    from nala_gen.attention import query_norm_entropy
+
+    parts = [query_norm_entropy(q * query_scale, k, KERNELS) for q, k in records]
+    return {key: torch.cat([p[key] for p in parts]).numpy() for key in parts[0]}
+
+
+def summarise(records: Records, own_kernel: str, points: int = 600, seed: int = 0) -> dict:
+    """Per kernel: Spearman correlation of entropy with query norm across queries, mean entropy, the mean entropy
+    change when every query is doubled in length (direction kept: the controlled form of the claim), and a
+    scatter subsample."""
+    from scipy.stats import spearmanr
+
+    data = _entropies(records)
+    doubled = _entropies(records, 2.0)
+    pick = np.random.default_rng(seed).choice(len(data["norm"]), size=min(points, len(data["norm"])), replace=False)
+    kernels = {}
+    for kernel in KERNELS:
+        rho = spearmanr(data["norm"], data[kernel]).statistic
+        kernels[kernel] = {
+            "spearman": round(float(rho), 4),
+            "mean_entropy": round(float(data[kernel].mean()), 4),
+            "entropy_change_at_2x_norm": round(float((doubled[kernel] - data[kernel]).mean()), 5),
+            "entropy_sample": np.round(data[kernel][pick], 4).tolist(),
+        }
+    return {
+        "own_kernel": own_kernel,
+        "queries": int(len(data["norm"])),
+        "tokens_per_call": int(records[0][0].shape[-2]),
+        "calls": len(records),
+        "median_norm": round(float(np.median(data["norm"])), 3),
+        "norm_sample": np.round(data["norm"][pick], 4).tolist(),
+        "kernels": kernels,
+    }
+
+
+def plot(results: dict, path: Path) -> None:
+    """One row per model, one scatter panel per kernel, Spearman rho in each title."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(results), len(KERNELS), figsize=(3.1 * len(KERNELS), 2.5 * len(results)), dpi=100)
+    axes = np.atleast_2d(axes)
+    for row, (name, res) in zip(axes, results.items()):
+        for ax, kernel in zip(row, KERNELS):
+            stats = res["kernels"][kernel]
+            own = " (own)" if kernel == res["own_kernel"] else ""
+            ax.scatter(res["norm_sample"], stats["entropy_sample"], s=3, alpha=0.4)
+            ax.set_title(f"{name}: {kernel}{own}\nSpearman {stats['spearman']:+.2f}", fontsize=8)
+            ax.tick_params(labelsize=7)
+        row[0].set_ylabel("entropy (nats)", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("query norm ‖q‖", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from nala_gen.weights import WeightsError
+
+    parser = argparse.ArgumentParser(prog="nala-bench trained-entropy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    results = {}
+    for name in args.models:
+        task, own = MODELS[name]
+        try:
+            records = sr_queries_keys(name) if task == "sr" else diffusion_queries_keys(name)
+        except WeightsError as err:
+            print(f"skipped {name}: {err}")
+            continue
+        results[name] = {"task": task, **summarise(records, own)}
+        res = results[name]
+        print(f"{name}: {res['queries']} queries, median |q| {res['median_norm']}")
+        for kernel, stats in res["kernels"].items():
+            print(
+                f"  {kernel:<8} Spearman(entropy, |q|) {stats['spearman']:+.3f}   "
+                f"entropy change at 2x |q| {stats['entropy_change_at_2x_norm']:+.4f} nats"
+            )
+    if not results:
+        print("no trained model found; nothing written")
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "trained_entropy.json").write_text(json.dumps(results, indent=1))
+    plot(results, args.out / "trained_entropy.png")
+    print(f"wrote {args.out / 'trained_entropy.json'} and {args.out / 'trained_entropy.png'}")
+    return 0
