@@ -1,5 +1,7 @@
 """The NaLa attention core: the linear form against the explicit one, and the kernel properties."""
 
+import shutil
+
 import pytest
 import torch
 
@@ -85,6 +87,15 @@ def test_attention_entropy_of_uniform_weights():
     k = torch.ones(1, 1, 16, 8)
     ent = attention_entropy(q, k, "nala")
     torch.testing.assert_close(ent, torch.full_like(ent, torch.log(torch.tensor(16.0)).item()).double())
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs a C++ compiler")
+def test_compiled_feature_map_matches_eager():
+    q, k, v = qkv(b=1, h=2, n=50, d=16)
+    q[0, 0, 3] = 0  # the zero query takes the eager code's slow path; the fused one has no branch
+    eager = linear_attention(q, k, v, "nala", chunk_size=32)
+    fused = linear_attention(q, k, v, "nala", chunk_size=32, compile=True)  # chunks of 32 and 18 tokens
+    torch.testing.assert_close(fused, eager, atol=1e-5, rtol=1e-5)
 
 
 def test_record_queries_keys_sees_a_modules_real_queries():

@@ -25,3 +25,24 @@ def test_trained_entropy_cli_writes_json_and_png(tmp_path):
     result = json.loads((tmp_path / "trained_entropy.json").read_text())
     assert set(result) == {"esrt-x4"} and result["esrt-x4"]["own_kernel"] == "softmax"
     assert (tmp_path / "trained_entropy.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sr_ablation_changes_only_the_attention_name_and_budget():
+    import yaml
+
+    from nala_gen.bench import sr_ablation
+
+    base = yaml.safe_load(sr_ablation.BASE_OPTION.read_text())
+    opt = sr_ablation.ablation_option(base, "relu", 1000)
+    assert opt["network_g"]["attn_type"] == "relu" and opt["train"]["total_iter"] == 1000
+    assert opt["train"]["scheduler"]["milestones"] == [500, 750, 917]  # base 1500/2250/2750 of 3000, scaled
+    assert opt["name"] == "ablation_x4_relu_1000it"
+    # Everything that defines the comparison is untouched: data, seed, optimiser, loss, model width.
+    for key in ("datasets", "manual_seed", "scale"):
+        assert opt[key] == base[key]
+    for key in ("optim_g", "pixel_opt", "ema_decay"):
+        assert opt["train"][key] == base["train"][key]
+    assert {k: v for k, v in opt["network_g"].items() if k != "attn_type"} == {
+        k: v for k, v in base["network_g"].items() if k != "attn_type"
+    }
+    assert base["network_g"]["attn_type"] == "nala" and base["name"] != opt["name"]  # the base was not mutated

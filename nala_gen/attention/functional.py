@@ -12,13 +12,14 @@ diagnostics read the weights from :func:`attention_weights`.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
 
-from .kernels import SOFTMAX_KERNELS, feature_map, upcast
+from .kernels import SOFTMAX_KERNELS, compiled_feature_map, feature_map, upcast
 from .rope import apply_rope
 
 Tensor = torch.Tensor
@@ -96,6 +97,7 @@ def linear_attention(
     kernel: str = "nala",
     rope: Rope | None = None,
     chunk_size: int = DEFAULT_CHUNK,
+    compile: bool | None = None,
     **kernel_options,
 ) -> Tensor:
     """Non-causal kernelised attention in O(N) time and memory.
@@ -107,6 +109,8 @@ def linear_attention(
         rope: optional (cos, sin) tables from :func:`~nala_gen.attention.rope.rope_2d` for the feature
             size (or for d with ``softmax``); applied to the numerator only, so rows still sum to one.
         chunk_size: tokens processed at a time.
+        compile: fuse the feature map with ``torch.compile`` (see :func:`~nala_gen.attention.kernels.
+            compiled_feature_map`); None follows the environment variable ``NALA_GEN_COMPILE=1``.
         **kernel_options: forwarded to the feature map (e.g. ``lam``, ``tau`` for ``nala``).
 
     Returns:
@@ -117,7 +121,9 @@ def linear_attention(
     if kernel in SOFTMAX_KERNELS:
         return softmax_attention(q, k, v, rope)
     _check(q, k, v)
-    phi = feature_map(kernel)
+    if compile is None:
+        compile = os.environ.get("NALA_GEN_COMPILE", "0").lower() in ("1", "true", "yes")
+    phi = compiled_feature_map(kernel) if compile else feature_map(kernel)
     kv, k_sum = None, None
     for start in range(0, k.shape[-2], chunk_size):
         stop = start + chunk_size

@@ -4,6 +4,7 @@ nala-bench attention   latency and memory vs tokens for each kernel (fresh proce
 nala-bench entropy     attention entropy vs query norm for each kernel (PNG + JSON)
 nala-bench trained-entropy   the same on trained models' own queries and keys, with Spearman correlations
 nala-bench sr          SR models' latency and memory vs tokens (fresh process per point)
+nala-bench sr-ablation NaLaSR trained with each attention type on an equal budget, PSNR/SSIM on the val split
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def entropy(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("attention", "entropy", "trained-entropy", "sr"):
+    if not argv or argv[0] not in ("attention", "entropy", "trained-entropy", "sr", "sr-ablation"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
     if argv[0] == "attention":
@@ -53,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
         from nala_gen.bench.trained_entropy import main as trained_entropy
 
         return trained_entropy(argv[1:])
+    if argv[0] == "sr-ablation":
+        from nala_gen.bench.sr_ablation import main as sr_ablation
+
+        return sr_ablation(argv[1:])
     if argv[0] == "sr":
         from nala_gen.bench.sr_scaling import main as sr
 

@@ -6,6 +6,8 @@ that cannot fit is recorded as out of memory instead of taking the machine down.
 FLOPs (``torch.utils.flop_counter``) at a stated input size.
 
     nala-bench sr [--sizes 64x64 128x128 192x192 256x280 320x320] [--models nalasr esrt swinir]
+    nala-bench sr --device cuda --tag cuda ...   (benchmarks/gpu_check.sh: CUDA-synchronised timings and
+                                                  torch.cuda.max_memory_allocated; no address-space cap there)
 """
 
 from __future__ import annotations
@@ -50,23 +52,40 @@ def padded_input(model: str, h: int, w: int) -> torch.Tensor:
     return torch.rand(1, 3, h, w)
 
 
-def worker(model: str, size: str, repeats: int, mem_limit: int) -> dict:
-    limit_memory(mem_limit)
+def _timed(net: torch.nn.Module, x: torch.Tensor) -> float:
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+    start = time.perf_counter()
+    net(x)
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+    return time.perf_counter() - start
+
+
+def worker(model: str, size: str, repeats: int, mem_limit: int, device: str = "cpu") -> dict:
+    if device == "cpu":
+        limit_memory(mem_limit)  # on CUDA the allocator's own out-of-memory error is the guard
     h, w = map(int, size.split("x"))
     torch.manual_seed(0)
-    net = build(model).eval()
-    x = padded_input(model, h, w)
+    net = build(model).eval().to(device)
+    x = padded_input(model, h, w).to(device)
     runs = []
     with torch.inference_mode():
-        with PeakMemory("cpu") as memory:
-            start = time.perf_counter()
-            net(x)
-            runs.append(time.perf_counter() - start)
-        for _ in range(repeats - 1):
-            start = time.perf_counter()
-            net(x)
-            runs.append(time.perf_counter() - start)
+        if device != "cpu":
+            _timed(net, x)  # warm-up: CUDA context, kernel selection (not counted)
+        with PeakMemory(device) as memory:
+            runs.append(_timed(net, x))
+        runs.extend(_timed(net, x) for _ in range(repeats - 1))
     return {"status": "ok", "latency_s": statistics.median(runs), "runs_s": runs, "peak_extra_bytes": memory.peak_bytes}
+
+
+def machine(device: str) -> dict:
+    info = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    info["device"] = device
+    if device != "cpu":
+        info["device_name"] = torch.cuda.get_device_name(torch.device(device))
+        info["memory"] = "torch.cuda.max_memory_allocated (tensors), CUDA-synchronised timings"
+    return info
 
 
 def model_costs(model: str) -> dict:
@@ -86,13 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--mem-limit-gb", type=float, default=16.0, help="memory cap per worker (GiB)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--tag", default="", help="suffix of the result files: sr_scaling[_TAG].json/.png")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--worker", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     limit = int(args.mem_limit_gb * 2**30)
+    if args.device != "cpu" and not args.worker:  # what an out-of-memory point hit: the whole GPU
+        limit = torch.cuda.get_device_properties(torch.device(args.device)).total_memory
 
     if args.worker:
-        print(json.dumps(worker(*args.worker, args.repeats, limit)))
+        print(json.dumps(worker(*args.worker, args.repeats, limit, args.device)))
         return 0
 
     costs = {m: model_costs(m) for m in args.models}
@@ -110,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
                 str(args.repeats),
                 "--mem-limit-gb",
                 str(args.mem_limit_gb),
+                "--device",
+                args.device,
             ]
             result = run_worker("nala_gen.bench.sr_scaling", worker_args)
             row = {"model": model, "size": size, "tokens": h * w, "limit_bytes": limit, **result}
@@ -122,23 +147,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{size:>8} ({h * w:>6} tokens) {model:<7} {shown}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     result = {
-        "machine": {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()},
+        "machine": machine(args.device),
         "scale": 4,
         "repeats": args.repeats,
         "mem_limit_bytes": limit,
         "costs": costs,
         "rows": rows,
     }
-    (args.out / "sr_scaling.json").write_text(json.dumps(result, indent=2))
+    stem = "sr_scaling" + (f"_{args.tag}" if args.tag else "")
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    where = "this CPU" if args.device == "cpu" else result["machine"]["device_name"]
     plot_cost(
         rows,
         "model",
-        args.out / "sr_scaling.png",
+        args.out / f"{stem}.png",
         "LR tokens (pixels), x4, fp32, batch 1",
-        "Super-resolution cost vs input size on this CPU (fresh process per point)",
+        f"Super-resolution cost vs input size on {where} (fresh process per point)",
         "s",
     )
-    print(f"wrote {args.out / 'sr_scaling.json'} and {args.out / 'sr_scaling.png'}")
+    print(f"wrote {args.out / stem}.json and .png")
     return 0
 
 

@@ -36,8 +36,11 @@ def score(sr: np.ndarray, gt: np.ndarray, scale: int) -> tuple[float, float]:
     return calculate_psnr(sr_bgr, gt_bgr, **kwargs), calculate_ssim(sr_bgr, gt_bgr, **kwargs)
 
 
-def evaluate(data: Path, scale: int, models: list[str]) -> dict[str, dict]:
-    """``{model: {"psnr": mean, "ssim": mean, "per_image": {...}}}`` over the folder's images."""
+def evaluate(data: Path, scale: int, models: list[str], option: Path | None = None) -> dict[str, dict]:
+    """``{model: {"psnr": mean, "ssim": mean, "per_image": {...}}}`` over the folder's images.
+
+    ``models``: ``bicubic``, names, weight paths, or BasicSR ``.pth`` checkpoints described by ``option``.
+    """
     from .models import load_sr_model
     from .upscaler import Upscaler
 
@@ -46,7 +49,7 @@ def evaluate(data: Path, scale: int, models: list[str]) -> dict[str, dict]:
         raise FileNotFoundError(f"no images in {data / 'GTmod12'} (nala-sr prepare mini makes the embedded set)")
     results = {}
     for name in models:
-        engine = None if name == "bicubic" else Upscaler(load_sr_model(name, scale)[0], scale, tile=0)
+        engine = None if name == "bicubic" else Upscaler(load_sr_model(name, scale, option)[0], scale, tile=0)
         per_image = {}
         for gt_path in gt_paths:
             gt = read_rgb(gt_path)

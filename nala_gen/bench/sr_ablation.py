@@ -1,0 +1,129 @@
+"""Equal-budget ablation of NaLaSR's attention: one config value changed, everything else identical.
+
+Each attention type is trained by BasicSR from the ×4 mini option file (same data, seed, batch, patch size,
+optimiser and schedule; only ``network_g.attn_type``, the run name and the iteration budget change), then scored
+on the embedded validation split (PSNR/SSIM on Y, crop = scale, the same code as ``nala-sr evaluate``).
+
+    nala-bench sr-ablation [--iters 1000] [--attn nala emha softmax relu elu1] [--out benchmarks/results]
+
+Runs are kept under ``experiments/`` as ``ablation_x4_<attn>_<iters>it``; a finished run is not trained again
+and an interrupted one resumes (BasicSR's ``--auto_resume``), so the command can be rerun after a stop. Each run
+writes its result next to its checkpoints; the summary JSON and PNG gather every finished run of the budget.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+BASE_OPTION = Path("options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml")
+ATTN_TYPES = ("nala", "emha", "softmax", "relu", "elu1")
+VAL_DATA = Path("datasets/mini/val")
+
+
+def run_name(attn: str, iters: int) -> str:
+    return f"ablation_x4_{attn}_{iters}it"
+
+
+def ablation_option(base: dict, attn: str, iters: int) -> dict:
+    """The base options with only the attention, the name and the budget changed (LR milestones scale along)."""
+    opt = json.loads(json.dumps(base))  # deep copy of plain YAML data
+    base_iters = base["train"]["total_iter"]
+    opt["name"] = run_name(attn, iters)
+    opt["network_g"]["attn_type"] = attn
+    opt["train"]["total_iter"] = iters
+    opt["train"]["scheduler"]["milestones"] = [
+        round(m * iters / base_iters) for m in base["train"]["scheduler"]["milestones"]
+    ]
+    opt["val"]["val_freq"] = iters
+    opt["logger"]["save_checkpoint_freq"] = min(base["logger"]["save_checkpoint_freq"], iters)
+    return opt
+
+
+def train_one(attn: str, iters: int, root: Path) -> dict:
+    """Train (or resume, or reuse) one run and score its final weights; returns its result row."""
+    from nala_gen.sr.evaluate import evaluate
+
+    name = run_name(attn, iters)
+    run_dir = root / "experiments" / name
+    result_path = run_dir / "ablation_result.json"
+    if result_path.is_file():
+        return json.loads(result_path.read_text())
+    option_path = root / "experiments" / f"{name}.yml"
+    option_path.parent.mkdir(parents=True, exist_ok=True)
+    option_path.write_text(yaml.safe_dump(ablation_option(yaml.safe_load(BASE_OPTION.read_text()), attn, iters)))
+    states = run_dir / "training_states"
+    resumed = states.is_dir() and any(states.iterdir())
+    start = time.perf_counter()
+    cmd = [sys.executable, "-m", "nala_gen.sr.train", "-opt", str(option_path), "--auto_resume"]
+    subprocess.run(cmd, cwd=root, check=True, stdout=subprocess.DEVNULL)
+    train_s = time.perf_counter() - start
+    checkpoint = run_dir / "models" / "net_g_latest.pth"  # BasicSR writes it when training ends
+    scores = evaluate(root / VAL_DATA, 4, [str(checkpoint)], option=option_path)[str(checkpoint)]
+    row = {
+        "attn_type": attn,
+        "iters": iters,
+        "psnr": round(scores["psnr"], 3),
+        "ssim": round(scores["ssim"], 4),
+        # Wall time of an uninterrupted run on this machine (None when it was resumed across sessions).
+        "train_wall_s": None if resumed else round(train_s, 1),
+    }
+    result_path.write_text(json.dumps(row, indent=1))
+    return row
+
+
+def plot(rows: list[dict], bicubic: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=110)
+    ax.bar([r["attn_type"] for r in rows], [r["psnr"] for r in rows], color="tab:blue")
+    ax.axhline(bicubic, color="gray", linestyle="--", label=f"bicubic {bicubic:.2f} dB")
+    low = min([bicubic, *(r["psnr"] for r in rows)]) - 0.3
+    ax.set_ylim(low, max(r["psnr"] for r in rows) + 0.2)
+    for i, r in enumerate(rows):
+        ax.text(i, r["psnr"] + 0.02, f"{r['psnr']:.2f}", ha="center", fontsize=8)
+    ax.set_ylabel("PSNR-Y (dB), mini val, x4")
+    ax.set_title(f"NaLaSR-light, attention ablation ({rows[0]['iters']} iterations each)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nala-bench sr-ablation", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iters", type=int, default=1000, help="training iterations per attention type")
+    parser.add_argument("--attn", nargs="+", default=list(ATTN_TYPES), choices=ATTN_TYPES)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    if not (VAL_DATA / "GTmod12").is_dir():
+        print(f"no validation split at {VAL_DATA}: run `nala-sr prepare mini` first", file=sys.stderr)
+        return 1
+    from nala_gen.sr.evaluate import evaluate
+
+    root = Path.cwd()
+    for attn in args.attn:
+        row = train_one(attn, args.iters, root)
+        print(f"{attn:<8} {row['iters']} iters  PSNR {row['psnr']:.3f} dB  SSIM {row['ssim']:.4f}", flush=True)
+    done = [root / "experiments" / run_name(a, args.iters) / "ablation_result.json" for a in ATTN_TYPES]
+    rows = [json.loads(p.read_text()) for p in done if p.is_file()]
+    bicubic = evaluate(root / VAL_DATA, 4, ["bicubic"])["bicubic"]
+    summary = {
+        "budget": {"iters": args.iters, "base_option": str(BASE_OPTION), "val_data": str(VAL_DATA)},
+        "bicubic": {"psnr": round(bicubic["psnr"], 3), "ssim": round(bicubic["ssim"], 4)},
+        "runs": rows,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sr_ablation.json").write_text(json.dumps(summary, indent=1))
+    plot(rows, summary["bicubic"]["psnr"], args.out / "sr_ablation.png")
+    print(f"wrote {args.out / 'sr_ablation.json'} and {args.out / 'sr_ablation.png'}")
+    return 0
