@@ -6,7 +6,7 @@ STAMP := $(VENV)/.nala-installed
 # The torch/torchvision pair this project is tested with (on x86_64 Python 3.11 pip finds them on disk).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install browser demo app test lint bench weights-sr clean
+.PHONY: install browser demo app test lint bench weights-sr weights-diffusion clean
 
 install: $(STAMP)
 
@@ -39,10 +39,23 @@ lint: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# Every file under benchmarks/results/ (hours on a 2-core CPU: the SR ablation trains five models). The
+# trained-entropy and digits-quality steps read the shipped weights (make weights-sr / weights-diffusion).
+DIGITS_MODELS := naladit-digits nalasit-digits naladit-digits-softmax
 bench: $(STAMP)
 	$(BIN)/nala-bench attention
 	$(BIN)/nala-bench entropy
 	$(BIN)/nala-bench sr
+	$(BIN)/nala-bench trained-entropy
+	test -d datasets/mini || $(BIN)/nala-sr prepare mini
+	$(BIN)/nala-bench sr-ablation --iters 500
+	$(BIN)/nala-sr evaluate --data datasets/mini/val --scale 4 --models bicubic esrt-x4 nalasr-light-x4 \
+		--json benchmarks/results/sr_quality.json
+	$(BIN)/nala-sr evaluate --data datasets/mini/val --scale 2 --models bicubic nalasr-light-x2 \
+		--json benchmarks/results/sr_quality.json
+	for m in $(DIGITS_MODELS); do \
+		$(BIN)/nala-gen quality -m $$m --per-class 100 --cfg 2 --json benchmarks/results/digits_quality.json || exit 1; done
+	$(BIN)/python scripts/results_tables.py
 
 # The shipped SR weights: three CPU trainings on the embedded set (resumable), then export and evaluation.
 SR_RUNS := NaLaSR/train_NaLaSR_light_x4_mini ESRT/train_ESRT_x4_mini NaLaSR/train_NaLaSR_light_x2_mini
@@ -50,6 +63,14 @@ weights-sr: $(STAMP)
 	test -d datasets/mini || $(BIN)/nala-sr prepare mini
 	for run in $(SR_RUNS); do $(BIN)/python -m nala_gen.sr.train -opt options/train/$$run.yml --auto_resume || exit 1; done
 	PATH=$(BIN):$$PATH $(BIN)/python scripts/ship_sr_weights.py
+
+# The shipped digits pipelines: three CPU trainings (about an hour each; resumable), then export to weights/.
+DIGITS_RUNS := naladit_digits:naladit-digits nalasit_digits:nalasit-digits naladit_digits_softmax:naladit-digits-softmax
+weights-diffusion: $(STAMP)
+	for run in $(DIGITS_RUNS); do \
+		cfg=$${run%%:*}; name=$${run##*:}; \
+		$(BIN)/nala-gen train --config options/diffusion/$$cfg.yml --resume latest || exit 1; \
+		$(BIN)/nala-gen export experiments/$$cfg --name $$name || exit 1; done
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .ruff_cache *.egg-info

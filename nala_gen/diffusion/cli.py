@@ -258,7 +258,8 @@ def export_pipeline(source: Path, name: str, out: Path) -> Path:
         "config": {k: v for k, v in config.items() if not k.startswith("_")},
         "payload": name,
         "sha256": sha256_of(target),
-        "info": {k: info[k] for k in ("steps", "wall_time_s", "objective", "data", "params", "command") if k in info},
+        "info": {k: info[k] for k in ("steps", "steps_this_run", "resumed_from", "wall_time_s", "s_per_step", "cpu_s_per_step", "num_processes",
+                 "device", "objective", "data", "params", "command") if k in info},
     }
     card_path = out / f"{name}.json"
     card_path.write_text(json.dumps(card, indent=2) + "\n")
