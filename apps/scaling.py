@@ -19,6 +19,7 @@ TOKEN_CHOICES = (1024, 4096, 16_384, 65_536, 71_680)
 
 METHODS = {
     "nala": "NaLa (linear)",
+    "nala_compiled": "NaLa, feature map fused (torch.compile)",
     "nala_split": "NaLa split",
     "relu": "ReLU linear",
     "softmax_sdpa": "softmax, fused SDPA",
