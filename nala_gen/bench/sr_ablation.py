@@ -62,7 +62,11 @@ def train_one(attn: str, iters: int, root: Path) -> dict:
     resumed = states.is_dir() and any(states.iterdir())
     start = time.perf_counter()
     cmd = [sys.executable, "-m", "nala_gen.sr.train", "-opt", str(option_path), "--auto_resume"]
-    subprocess.run(cmd, cwd=root, check=True, stdout=subprocess.DEVNULL)
+    # BasicSR logs every line to experiments/NAME/*.log as well; keep the console to one line per run.
+    proc = subprocess.run(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+        raise RuntimeError(f"training {name} failed: {tail[0]} (log under {run_dir})")
     train_s = time.perf_counter() - start
     checkpoint = run_dir / "models" / "net_g_latest.pth"  # BasicSR writes it when training ends
     scores = evaluate(root / VAL_DATA, 4, [str(checkpoint)], option=option_path)[str(checkpoint)]
