@@ -15,8 +15,9 @@ def test_frechet_distance_is_zero_for_equal_sets_and_grows_with_a_shift():
 
 
 def test_classifier_learns_the_real_digits():
-    _, accuracy = train_classifier(16, 1, seed=0, epochs=8)
+    _, accuracy, held_out = train_classifier(16, 1, seed=0, epochs=8)
     assert accuracy > 0.9
+    assert len(held_out) == 1797 - int(0.8 * 1797)  # the 20 % it never trained on
 
 
 def test_evaluate_runs_on_a_pipeline():
