@@ -8,12 +8,23 @@ import tempfile
 from pathlib import Path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_atomic(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file beside it and ``os.replace``."""
+    """Write ``data`` to ``path`` through a temporary file beside it and ``os.replace``.
+
+    The file gets the permissions a plain ``open(path, "wb")`` would give (0666 less the umask), not the
+    owner-only 0600 of ``mkstemp``.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

@@ -281,3 +281,15 @@ def test_tiled_and_untiled_agree_with_the_shipped_model():
     diff = np.abs(whole.astype(int) - tiled.astype(int))
     assert readout.tiles > 1
     assert diff.max() <= 40 and diff.mean() <= 1.5, (diff.max(), diff.mean())
+
+
+def test_atomic_writes_get_the_permissions_of_a_plain_write(tmp_path):
+    import stat
+
+    from nala_gen.fileio import write_atomic
+
+    plain = tmp_path / "plain.bin"
+    plain.write_bytes(b"x")
+    atomic = write_atomic(tmp_path / "atomic.bin", b"x")
+    assert stat.S_IMODE(atomic.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode)
+    assert atomic.read_bytes() == b"x" and [p.name for p in tmp_path.iterdir() if p.suffix == ".part"] == []
