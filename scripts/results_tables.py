@@ -15,7 +15,8 @@ def attention_table() -> str:
     methods = list(dict.fromkeys(r["method"] for r in rows))
     sizes = list(dict.fromkeys(r["tokens"] for r in rows))
     lines = [
-        f"Median of {data['repeats']} runs, each configuration in a fresh process; {machine['cpu_count']} cores, "
+        f"Median of {data['repeats']} warm runs after one cold run (which gives the memory), each configuration in a "
+        f"fresh process; {machine['cpu_count']} cores, "
         f"torch {machine['torch']}; `torch.mm` fp32 {machine['mm_gflops']:.0f} GFLOP/s and copy "
         f"{machine['copy_gbps']:.1f} GB/s (read + write) measured in the same run.",
         "",
