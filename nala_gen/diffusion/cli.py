@@ -229,6 +229,13 @@ def models(argv: list[str]) -> int:
     return 0
 
 
+# What a diffusion weight card keeps from the run's training_info.json: what it learned from, for how long, how.
+CARD_INFO_KEYS = (
+    "steps", "steps_this_run", "resumed_from", "wall_time_s", "s_per_step", "cpu_s_per_step", "num_processes",
+    "device", "objective", "data", "params", "command",
+)  # fmt: skip
+
+
 def export_pipeline(source: Path, name: str, out: Path) -> Path:
     """Copy a trained pipeline to ``out/NAME/`` and write its card ``out/NAME.json`` (with the folder's sha256).
 
@@ -258,8 +265,7 @@ def export_pipeline(source: Path, name: str, out: Path) -> Path:
         "config": {k: v for k, v in config.items() if not k.startswith("_")},
         "payload": name,
         "sha256": sha256_of(target),
-        "info": {k: info[k] for k in ("steps", "steps_this_run", "resumed_from", "wall_time_s", "s_per_step", "cpu_s_per_step", "num_processes",
-                 "device", "objective", "data", "params", "command") if k in info},
+        "info": {k: info[k] for k in CARD_INFO_KEYS if k in info},
     }
     card_path = out / f"{name}.json"
     card_path.write_text(json.dumps(card, indent=2) + "\n")
