@@ -79,7 +79,7 @@ def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     # covariances singular (the offset the FID reference code falls back to; it moves the result by ~1e-5).
     ridge = np.eye(a.shape[1]) * 1e-6
     cov_a, cov_b = np.cov(a, rowvar=False) + ridge, np.cov(b, rowvar=False) + ridge
-    covmean, _ = linalg.sqrtm(cov_a @ cov_b, disp=False)
+    covmean = linalg.sqrtm(cov_a @ cov_b)
     covmean = covmean.real
     return float(((mu_a - mu_b) ** 2).sum() + np.trace(cov_a + cov_b - 2 * covmean))
 
