@@ -1,8 +1,9 @@
 """Atomic file writes: a temporary file in the target folder, then a rename, so an interrupted run never leaves a
-half-written output (used by every command that writes images)."""
+half-written output (used by every command that writes images or result JSON)."""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -32,3 +33,11 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def update_json(path: str | Path, key: str, value) -> Path:
+    """Set ``key`` in the JSON object stored at ``path`` (created if missing), keeping the other keys; atomic."""
+    path = Path(path)
+    payload = json.loads(path.read_text()) if path.exists() else {}
+    payload[key] = value
+    return write_atomic(path, (json.dumps(payload, indent=2) + "\n").encode())

@@ -10,6 +10,7 @@ nala-bench sr-ablation NaLaSR trained with each attention type on an equal budge
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -41,28 +42,23 @@ def entropy(argv: list[str]) -> int:
     return 0
 
 
+# Sub-command -> module whose main(argv) runs it (imported only when chosen: each pulls in heavy dependencies).
+COMMANDS = {
+    "attention": "nala_gen.bench.attention_scaling",
+    "trained-entropy": "nala_gen.bench.trained_entropy",
+    "sr": "nala_gen.bench.sr_scaling",
+    "sr-ablation": "nala_gen.bench.sr_ablation",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] not in ("attention", "entropy", "trained-entropy", "sr", "sr-ablation"):
+    if not argv or argv[0] not in (*COMMANDS, "entropy"):
         print(__doc__.strip(), file=sys.stderr)
         return 2
-    if argv[0] == "attention":
-        from nala_gen.bench.attention_scaling import main as attention
-
-        return attention(argv[1:])
-    if argv[0] == "trained-entropy":
-        from nala_gen.bench.trained_entropy import main as trained_entropy
-
-        return trained_entropy(argv[1:])
-    if argv[0] == "sr-ablation":
-        from nala_gen.bench.sr_ablation import main as sr_ablation
-
-        return sr_ablation(argv[1:])
-    if argv[0] == "sr":
-        from nala_gen.bench.sr_scaling import main as sr
-
-        return sr(argv[1:])
-    return entropy(argv[1:])
+    if argv[0] == "entropy":
+        return entropy(argv[1:])
+    return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
 
 
 if __name__ == "__main__":

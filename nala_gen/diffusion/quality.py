@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nala_gen.fileio import update_json
+
 from .data import DigitsDataset
 
 
@@ -43,10 +45,13 @@ class DigitClassifier(nn.Module):
 
 
 def train_classifier(
-    image_size: int, channels: int, seed: int = 0, epochs: int = 30
+    image_size: int, channels: int, seed: int = 0, epochs: int = 30, data: DigitsDataset | None = None
 ) -> tuple[DigitClassifier, float, torch.Tensor]:
-    """Train on 80 % of the real digits; return the classifier, its held-out accuracy and the held-out indices."""
-    data = DigitsDataset(image_size, channels)
+    """Train on 80 % of the real digits; return the classifier, its held-out accuracy and the held-out indices.
+
+    ``data``: the digits at ``image_size``/``channels`` if the caller already has them (built otherwise).
+    """
+    data = DigitsDataset(image_size, channels) if data is None else data
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(data), generator=gen)
     split = int(0.8 * len(data))
@@ -90,8 +95,8 @@ def evaluate(
     """Accuracy and Fréchet distance of ``pipe``'s samples (pixel-space digits pipeline)."""
     size = pipe.transformer.config.sample_size
     channels = pipe.transformer.config.in_channels
-    classifier, held_out, held_out_idx = train_classifier(size, channels, seed, classifier_epochs)
     real = DigitsDataset(size, channels)
+    classifier, held_out, held_out_idx = train_classifier(size, channels, seed, classifier_epochs, data=real)
     labels = torch.arange(10).repeat_interleave(per_class)
     samples = []
     pipe.set_progress_bar_config(disable=True)
@@ -106,7 +111,7 @@ def evaluate(
     with torch.no_grad():
         logits, sample_features = classifier(samples)
         _, real_features = classifier(real.images)
-        _, held_out_features = classifier(real.batch(held_out_idx)[0])
+    held_out_features = real_features[held_out_idx]
     accuracy = (logits.argmax(1) == labels).float().mean().item()
     return {
         "classifier_held_out_accuracy": held_out,
@@ -140,8 +145,5 @@ def main(argv: list[str] | None = None) -> int:
     result = evaluate(pipe, args.per_class, args.steps, args.cfg, args.seed)
     print(json.dumps(result, indent=1))
     if args.json:
-        payload = json.loads(args.json.read_text()) if args.json.exists() else {}
-        payload[args.model] = result
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(payload, indent=2))
+        update_json(args.json, args.model, result)
     return 0

@@ -9,11 +9,12 @@ Bicubic is MATLAB's (``basicsr.utils.matlab_functions.imresize``), as in the pap
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 from pathlib import Path
 
 import numpy as np
+
+from nala_gen.fileio import update_json
 
 from . import _compat  # noqa: F401  (before basicsr)
 from .data import list_images, read_rgb
@@ -76,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in results.items():
         print(f"| {name} | {r['psnr']:.2f} | {r['ssim']:.4f} |")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = json.loads(args.json.read_text()) if args.json.exists() else {}
-        payload[f"x{args.scale}"] = {"data": str(args.data), "metric": "Y channel, crop = scale", **results}
-        args.json.write_text(json.dumps(payload, indent=2))
+        block = {"data": str(args.data), "metric": "Y channel, crop = scale", **results}
+        update_json(args.json, f"x{args.scale}", block)
     return 0
