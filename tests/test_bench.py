@@ -35,12 +35,13 @@ def test_sr_ablation_changes_only_the_attention_name_and_budget():
     base = yaml.safe_load(sr_ablation.BASE_OPTION.read_text())
     opt = sr_ablation.ablation_option(base, "relu", 1000)
     assert opt["network_g"]["attn_type"] == "relu" and opt["train"]["total_iter"] == 1000
-    assert opt["train"]["scheduler"]["milestones"] == [500, 750, 917]  # base 1500/2250/2750 of 3000, scaled
+    assert opt["train"]["scheduler"]["milestones"] == [500, 750, 917]  # 1/2, 3/4, 11/12 of the budget
+    assert opt["train"]["ema_decay"] == 0
     assert opt["name"] == "ablation_x4_relu_1000it"
     # Everything that defines the comparison is untouched: data, seed, optimiser, loss, model width.
     for key in ("datasets", "manual_seed", "scale"):
         assert opt[key] == base[key]
-    for key in ("optim_g", "pixel_opt", "ema_decay"):
+    for key in ("optim_g", "pixel_opt"):
         assert opt["train"][key] == base["train"][key]
     assert {k: v for k, v in opt["network_g"].items() if k != "attn_type"} == {
         k: v for k, v in base["network_g"].items() if k != "attn_type"
