@@ -7,6 +7,7 @@ Run by ``make weights-sr`` after the three trainings; reads each run's log for i
 from __future__ import annotations
 
 import json
+import os
 import platform
 import re
 import subprocess
@@ -20,12 +21,11 @@ import nala_gen.sr  # noqa: F401
 from nala_gen.sr.models import export_checkpoint
 
 # How the shipped runs actually went on this machine (kept on each card, so the times above can be read right).
-SHARED = "ran concurrently with the other two runs on 2 shared vCPUs, one thread each (OMP_NUM_THREADS=1)"
+ONE_THREAD = "on 2 shared vCPUs, one thread each (OMP_NUM_THREADS=1)"
 RUN_NOTES = {
-    "nalasr-light-x4": SHARED + "; it started with two threads, was stopped at iteration 750 and resumed from its "
-    "500 checkpoint with --auto_resume",
-    "esrt-x4": SHARED,
-    "nalasr-light-x2": SHARED,
+    "nalasr-light-x4": "ran concurrently with the esrt-x4 run " + ONE_THREAD,
+    "esrt-x4": "ran concurrently with the nalasr-light-x4 run " + ONE_THREAD,
+    "nalasr-light-x2": "ran concurrently with two earlier 3,000-iteration x4 runs " + ONE_THREAD,
 }
 RUNS = {
     "nalasr-light-x4": "options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml",
@@ -41,49 +41,56 @@ def cpu_name() -> str:
     return platform.processor()
 
 
-def train_seconds(log_dir: Path, total_iter: int) -> float:
-    """Wall time from 'Start training' to the last logged iteration <= total_iter, summed over the run's logs
-    (an interrupted and resumed run has several; iterations redone after a resume count twice)."""
+def training_facts(log_dir: Path) -> tuple[float, int]:
+    """(wall seconds from 'Start training' to 'End of training' or the last logged line, summed over the run's
+    logs; the last iteration the run reached). An interrupted and resumed run has several logs; iterations redone
+    after a resume count twice in the time."""
     stamp = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ INFO: "
-    total = 0.0
+    total, last_iter = 0.0, 0
     for log in sorted(log_dir.glob("train_*.log")):
         start = end = None
         for line in log.read_text().splitlines():
             if m := re.match(stamp + "Start training", line):
                 start = datetime.fromisoformat(m.group(1))
-            elif (m := re.match(stamp + r".*iter:\s+(\d+),", line)) and int(m.group(2)) <= total_iter:
+            elif m := re.match(stamp + r".*(iter:\s+[\d,]+,|End of training)", line):
                 end = datetime.fromisoformat(m.group(1))
+            # BasicSR logs the iteration every print_freq and, at each validation, as "@ N iter".
+            for found in re.findall(r"iter:\s+([\d,]+),|@ (\d+) iter", line):
+                last_iter = max(last_iter, *(int(x.replace(",", "")) for x in found if x))
         if start and end:
             total += (end - start).total_seconds()
-    return total
+    return total, last_iter
 
 
 def main() -> int:
     import torch
 
-    device = (
-        torch.cuda.get_device_name()
-        if torch.cuda.is_available()
-        else f"CPU: {cpu_name()} ({torch.get_num_threads()} threads)"
-    )
+    # The machine the runs trained on (this script runs right after them in make weights-sr).
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU: {cpu_name()}, {os.cpu_count()} vCPUs"
     for name, option in RUNS.items():
         opt = yaml.safe_load(Path(option).read_text())
         exp = Path("experiments") / opt["name"]
         train = opt["datasets"]["train"]
+        seconds, iterations = training_facts(exp)
         info = {
             "trained_on": "embedded mini train split (nala-sr prepare mini: 10 scikit-image photos, "
             "192 px HR sub-images, MATLAB-bicubic LR)",
             "validated_on": "embedded mini val split (2 scikit-learn + 2 scikit-image photos, held out)",
-            "iterations": opt["train"]["total_iter"],
+            # BasicSR 1.4.2 sizes its epoch loop with ceil(len / batch) but drops the last partial batch, so a run
+            # can stop short of total_iter (7,000 -> 6,954 here): the card gives the iterations actually run.
+            "iterations": iterations,
+            "total_iter_option": opt["train"]["total_iter"],
             "batch": train["batch_size_per_gpu"],
             "lr_patch": train["gt_size"] // opt["scale"],
             "seed": opt["manual_seed"],
-            "train_time_s": train_seconds(exp, opt["train"]["total_iter"]),
+            "train_time_s": seconds,
             "hardware": device,
             "command": f"python -m nala_gen.sr.train -opt {option}",
             "notes": RUN_NOTES.get(name, ""),
         }
-        checkpoint = exp / "models" / f"net_g_{opt['train']['total_iter']}.pth"
+        checkpoint = exp / "models" / "net_g_latest.pth"  # saved at the end of training ...
+        if not checkpoint.is_file():  # ... unless the run stopped right after its last periodic save
+            checkpoint = exp / "models" / f"net_g_{iterations}.pth"
         card = export_checkpoint(checkpoint, option, name, "weights", info)
         print(f"exported {card}")
     for scale, models in ((4, ["bicubic", "esrt-x4", "nalasr-light-x4"]), (2, ["bicubic", "nalasr-light-x2"])):
