@@ -9,10 +9,15 @@ import tempfile
 from pathlib import Path
 
 
-def _umask() -> int:
-    mask = os.umask(0)
+def _current_umask() -> int:
+    mask = os.umask(0)  # the only portable way to read it is to set it and put it back
     os.umask(mask)
     return mask
+
+
+# Read once at import: flipping the umask on every write would also open a window in which another thread's new
+# files get mode 0666 (the app writes from worker threads).
+_UMASK = _current_umask()
 
 
 def write_atomic(path: str | Path, data: bytes) -> Path:
@@ -25,7 +30,7 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

@@ -77,8 +77,12 @@ def worker(method: str, n: int, heads: int, d: int, repeats: int) -> dict:
             fn()
             runs.append(time.perf_counter() - start)
     # The cold run (fresh pages for every buffer) measures memory; the latency is the median of the warm runs.
-    result = {"latency_s": statistics.median(runs), "runs_s": runs, "cold_s": cold_s}
-    result["peak_extra_bytes"] = memory.peak_bytes
+    result = {
+        "latency_s": statistics.median(runs),
+        "runs_s": runs,
+        "cold_s": cold_s,
+        "peak_extra_bytes": memory.peak_bytes,
+    }
     return result if compile_s is None else {**result, "first_call_s": compile_s}
 
 
