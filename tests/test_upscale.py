@@ -266,8 +266,9 @@ def test_exit_status_of_the_console_script(tmp_path, weights):
 
 
 def test_tiled_and_untiled_agree_with_the_shipped_model():
-    # Measured with nalasr-light-x4 on the bundled 90x75 sample (x4, 8-bit): tiles of 48 with 16 px overlap give
-    # max |tiled - untiled| = 28/255 and mean 0.96/255 (tiles of 32: 27 and 1.14; of 64: 29 and 0.75). NaLaSR's
+    # Measured with the shipped nalasr-light-x4 (6,954 iterations) on the bundled 90x75 sample (x4, 8-bit): tiles of
+    # 48 with 16 px overlap give max |tiled - untiled| = 22/255 and mean 0.66/255 (tiles of 32: 23 and 0.80; of 64:
+    # 21 and 0.54). NaLaSR's
     # attention and channel attention are global, so a tile sees less context than the whole image; the
     # differences are small and spread out, not seams (the blending itself is exact: see the local-model test).
     from pathlib import Path
@@ -280,7 +281,7 @@ def test_tiled_and_untiled_agree_with_the_shipped_model():
     tiled, readout = Upscaler(model, 4, tile=48, tile_pad=16).upscale(lr)
     diff = np.abs(whole.astype(int) - tiled.astype(int))
     assert readout.tiles > 1
-    assert diff.max() <= 40 and diff.mean() <= 1.5, (diff.max(), diff.mean())
+    assert diff.max() <= 30 and diff.mean() <= 1.0, (diff.max(), diff.mean())
 
 
 def test_atomic_writes_get_the_permissions_of_a_plain_write(tmp_path):
