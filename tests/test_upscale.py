@@ -10,10 +10,11 @@ import torch
 from PIL import Image
 
 import nala_gen.sr  # noqa: F401
+from nala_gen.profiling import PeakMemory
 from nala_gen.sr.cli import main
 from nala_gen.sr.imageio import read_image, write_image_atomic
 from nala_gen.sr.models import build_arch
-from nala_gen.sr.upscaler import Upscaler, feather, tile_starts
+from nala_gen.sr.upscaler import MIN_TILE, Upscaler, feather, tile_starts, tokens_within
 from nala_gen.weights import WeightsError, resolve, write_weights
 
 TINY = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
@@ -158,6 +159,31 @@ def test_auto_tiles_follow_the_memory_budget(weights):
     tight = Upscaler(model, 4, memory_budget=24 * 2**20)
     assert roomy.tile_size(200, 200) == 0
     assert 32 <= tight.tile_size(200, 200) < 200
+
+
+def test_memory_model_solves_linear_and_quadratic_costs():
+    tokens = [48**2, 96**2, 128**2]
+    budget = 4 * 2**30
+    for cost in (lambda n: 100e6 + 2e3 * n + 5.0 * n * n, lambda n: 50e6 + 9e3 * n):  # softmax; linear attention
+        n = tokens_within(budget, tokens, [cost(t) for t in tokens])
+        assert cost(n) <= budget < cost(n + 1)  # the largest count that fits
+    # Noisy probes that shrink with size must not read as free memory, nor a base above the budget as room.
+    assert tokens_within(budget, tokens, [300e6, 200e6, 100e6]) < 4 * budget / (100e6 / 128**2)
+    assert tokens_within(10**8, tokens, [2e8, 3e8, 4e8]) == MIN_TILE * MIN_TILE
+
+
+def test_auto_tiles_keep_a_quadratic_model_within_its_budget():
+    # ESRT's split softmax grows with the square of the tokens, which small probes hardly show (x1.1 from 48 to
+    # 96 px): a power law through them chose 127 px tiles for a 1 GiB budget, whose pass took 1.6 GiB.
+    from nala_gen.sr.models import load_sr_model
+
+    model, _ = load_sr_model("esrt-x4", 4)
+    engine = Upscaler(model, 4, memory_budget=2**30)
+    tile = engine.tile_size(400, 400)
+    assert MIN_TILE < tile < 400
+    with PeakMemory() as memory:
+        engine._forward(torch.rand(1, 3, tile, tile))
+    assert 0.5 * 2**30 < memory.peak_bytes < 1.15 * 2**30, (tile, memory.peak_bytes / 2**30)
 
 
 def test_json_readout(tmp_path, weights, capsys):

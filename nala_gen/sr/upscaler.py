@@ -3,12 +3,13 @@
 What it does that the usual scripts do not:
 
 * overlapping tiles blended with linear feathers (weights sum to one), so tile borders leave no seams;
-* the tile size chosen from a memory budget by probing the model at two small sizes (``tile="auto"``);
+* the tile size chosen from a memory budget by probing the model at three small sizes (``tile="auto"``);
   the whole image in one pass when it fits;
 * alpha kept, upscaled by the model or by bicubic (``alpha="model" | "bicubic"``), grayscale kept as
   grayscale, 16-bit kept as 16-bit;
 * any output scale (``outscale``): the model's scale, then Lanczos (or area when shrinking);
-* channels-last convolutions; fp32 on CPU, bf16/fp16 autocast on GPUs (fp16 on CPU is refused: there are no half kernels there);
+* fp32 on CPU, bf16/fp16 autocast on GPUs (fp16 on CPU is refused: there are no half kernels there);
+* channels-last convolutions (the bulk of an SR network's time);
 * a readout: latency, peak memory, attention tokens per pass, tiles.
 """
 
@@ -29,6 +30,7 @@ from nala_gen.profiling import PeakMemory
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ALPHA_MODES = ("model", "bicubic")
 MIN_TILE = 32
+PROBE_SIDES = (48, 96, 128)  # input sides probed for tile="auto"; 128 is where quadratic attention shows
 
 
 @dataclass
@@ -88,6 +90,25 @@ def available_memory(device: torch.device) -> int:
         return int(info["MemAvailable"].split()[0]) * 1024 // 2
     except (OSError, KeyError):
         return 4 * 2**30
+
+
+def tokens_within(budget: int, tokens: list[int], peaks: list[int]) -> int:
+    """Largest token count whose predicted peak memory fits ``budget``, from measured (tokens, peak) pairs.
+
+    A pass costs a + b·n + c·n² bytes for n tokens: convolutions and linear attention are linear in n, softmax
+    attention (ESRT's split softmax) quadratic. A power law through small probes underestimates the quadratic
+    term, which only dominates at larger n (ESRT: x1.1 from 48 to 96 px, x1.9 from 96 to 128), so fit the
+    quadratic through the probes and solve it; with no quadratic term, the line through the two largest probes.
+    """
+    n, m = np.asarray(tokens, dtype=np.float64), np.asarray(peaks, dtype=np.float64)
+    c, b, a = np.polyfit(n, m, 2)
+    if c <= 0:
+        b = max((m[-1] - m[-2]) / (n[-1] - n[-2]), m[-1] / n[-1] / 4)  # never free: at least a quarter of the mean
+        a, c = m[-1] - b * n[-1], 0.0
+    if a >= budget:
+        return MIN_TILE * MIN_TILE
+    room = (budget - a) / b if c == 0 else (-b + math.sqrt(b * b + 4 * c * (budget - a))) / (2 * c)
+    return max(MIN_TILE * MIN_TILE, int(room))
 
 
 def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
@@ -166,13 +187,12 @@ class Upscaler:
         return max(memory.peak_bytes, 1)
 
     def max_tokens(self) -> int:
-        """Largest input (in pixels) whose pass fits the budget, from probes at two sizes (power-law fit)."""
+        """Largest input (in pixels) whose pass fits the budget, from probes at three sizes (see tokens_within)."""
         if self._auto_tokens is None:
             budget = self.memory_budget or available_memory(self.device)
             self._probe(32)  # warm-up: thread pools and allocator arenas are not the model's memory
-            small, large = self._probe(48), self._probe(96)
-            exponent = min(max(math.log(max(large, small + 1) / small) / math.log(4), 1.0), 2.0)
-            self._auto_tokens = int(96 * 96 * (budget / large) ** (1 / exponent))
+            peaks = [self._probe(side) for side in PROBE_SIDES]
+            self._auto_tokens = tokens_within(budget, [side * side for side in PROBE_SIDES], peaks)
         return self._auto_tokens
 
     def tile_size(self, height: int, width: int) -> int:
