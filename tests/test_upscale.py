@@ -153,12 +153,15 @@ def test_feather_weights_cover_everything():
     torch.testing.assert_close(total[:60], torch.ones(60), atol=2e-3, rtol=0)
 
 
-def test_auto_tiles_follow_the_memory_budget(weights):
+def test_auto_tiles_follow_the_memory_budget(weights, monkeypatch):
     model = build_arch("NaLaSR", TINY)
     roomy = Upscaler(model, 4, memory_budget=8 * 2**30)
-    tight = Upscaler(model, 4, memory_budget=24 * 2**20)
     assert roomy.tile_size(200, 200) == 0
+    probes = []
+    monkeypatch.setattr(Upscaler, "_probe", lambda self, side: probes.append(side) or 1)
+    tight = Upscaler(model, 4, memory_budget=24 * 2**20)
     assert 32 <= tight.tile_size(200, 200) < 200
+    assert probes == []  # the same network was probed once, whatever the budget
 
 
 def test_memory_model_solves_linear_and_quadratic_costs():

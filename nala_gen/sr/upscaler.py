@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from dataclasses import asdict, dataclass
 
 import cv2
@@ -31,6 +32,9 @@ PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float
 ALPHA_MODES = ("model", "bicubic")
 MIN_TILE = 32
 PROBE_SIDES = (48, 96, 128)  # input sides probed for tile="auto"; 128 is where quadratic attention shows
+# The probed cost of a pass belongs to a network on a device at a precision, not to one Upscaler: measured once per
+# network (the app builds an Upscaler per request around its cached networks); the budget is read at each call.
+_PROBED: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -177,7 +181,6 @@ class Upscaler:
         self.alpha = alpha
         self.memory_budget = memory_budget
         self.size_multiple = getattr(model, "size_multiple", 1)
-        self._auto_tokens: int | None = None
 
     # -- memory model -------------------------------------------------------------------------------------------
     def _probe(self, side: int) -> int:
@@ -188,12 +191,13 @@ class Upscaler:
 
     def max_tokens(self) -> int:
         """Largest input (in pixels) whose pass fits the budget, from probes at three sizes (see tokens_within)."""
-        if self._auto_tokens is None:
-            budget = self.memory_budget or available_memory(self.device)
+        probed = _PROBED.setdefault(self.model, {})
+        key = (str(self.device), self.precision)
+        if key not in probed:
             self._probe(32)  # warm-up: thread pools and allocator arenas are not the model's memory
-            peaks = [self._probe(side) for side in PROBE_SIDES]
-            self._auto_tokens = tokens_within(budget, [side * side for side in PROBE_SIDES], peaks)
-        return self._auto_tokens
+            probed[key] = [self._probe(side) for side in PROBE_SIDES]
+        budget = self.memory_budget or available_memory(self.device)
+        return tokens_within(budget, [side * side for side in PROBE_SIDES], probed[key])
 
     def tile_size(self, height: int, width: int) -> int:
         """Tile side for an input, 0 meaning the whole image in one pass."""
