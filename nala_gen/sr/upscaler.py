@@ -32,6 +32,7 @@ PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float
 ALPHA_MODES = ("model", "bicubic")
 MIN_TILE = 32
 PROBE_SIDES = (48, 96, 128)  # input sides probed for tile="auto"; 128 is where quadratic attention shows
+SUPERLINEAR = 1.25  # growth of the cost per token between the two largest probes that reads as quadratic
 # The probed cost of a pass belongs to a network on a device at a precision, not to one Upscaler: measured once per
 # network (the app builds an Upscaler per request around its cached networks); the budget is read at each call.
 _PROBED: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
@@ -100,19 +101,22 @@ def tokens_within(budget: int, tokens: list[int], peaks: list[int]) -> int:
     """Largest token count whose predicted peak memory fits ``budget``, from measured (tokens, peak) pairs.
 
     A pass costs a + b·n + c·n² bytes for n tokens: convolutions and linear attention are linear in n, softmax
-    attention (ESRT's split softmax) quadratic. A power law through small probes underestimates the quadratic
-    term, which only dominates at larger n (ESRT: x1.1 from 48 to 96 px, x1.9 from 96 to 128), so fit the
-    quadratic through the probes and solve it; with no quadratic term, the line through the two largest probes.
+    attention (ESRT's split softmax) quadratic. When the cost per token clearly grows between the two largest
+    probes (ESRT: x1.7 from 96 to 128 px), fit that quadratic through the probes and solve it (a power law
+    through small probes misses the quadratic term, which dominates only at larger n). Otherwise take the cost
+    per token at the largest probe as constant: an upper bound on b when a >= 0, and steady where a quadratic
+    fit would chase the noise of small RSS probes (+-20 MiB here; NaLaSR: x0.8-1.05 per token).
     """
     n, m = np.asarray(tokens, dtype=np.float64), np.asarray(peaks, dtype=np.float64)
-    c, b, a = np.polyfit(n, m, 2)
-    if c <= 0:
-        b = max((m[-1] - m[-2]) / (n[-1] - n[-2]), m[-1] / n[-1] / 4)  # never free: at least a quarter of the mean
-        a, c = m[-1] - b * n[-1], 0.0
-    if a >= budget:
-        return MIN_TILE * MIN_TILE
-    room = (budget - a) / b if c == 0 else (-b + math.sqrt(b * b + 4 * c * (budget - a))) / (2 * c)
-    return max(MIN_TILE * MIN_TILE, int(room))
+    smallest = MIN_TILE * MIN_TILE
+    if m[0] >= budget:
+        return smallest
+    per_token = m[-1] / n[-1]
+    if per_token > SUPERLINEAR * m[-2] / n[-2]:
+        c, b, a = np.polyfit(n, m, 2)
+        if c > 0:
+            return max(smallest, int((-b + math.sqrt(b * b + 4 * c * (budget - a))) / (2 * c)))
+    return max(smallest, int(budget / per_token))
 
 
 def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
