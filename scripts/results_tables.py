@@ -78,6 +78,30 @@ def sr_cost_table() -> str:
     return "\n".join(lines)
 
 
+def upscale_table() -> str:
+    data = json.loads((RESULTS / "upscale_throughput.json").read_text())
+    rows = data["rows"]
+    lines = [
+        f"`nala-sr upscale`'s engine, x4, {rows[0].get('precision', 'fp32')}, {data['machine']['threads']} threads; "
+        f"median of {data['repeats']} runs after a warm-up, fresh process per point; input: {data['input']}; "
+        f"`--tile auto` with a {data['memory_budget_mb']:.0f} MiB budget.",
+        "",
+        "| model | tiles | LR in | MP out | latency | output MP/s | peak memory | passes (tile) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        size = f"{r['lr_side']}x{r['lr_side']}"
+        if r["status"] != "ok":
+            lines.append(f"| {r['model']} | {r['tile']} | {size} | | {r['status']} | | | |")
+            continue
+        tile = r["tile_size"] or "whole"
+        lines.append(
+            f"| {r['model']} | {r['tile']} | {size} | {r['output_megapixels']:.2f} | {r['latency_s']:.2f} s | "
+            f"{r['megapixels_per_s']:.3f} | {r['peak_extra_bytes'] / 2**20:,.0f} MiB | {r['tiles']} ({tile}) |"
+        )
+    return "\n".join(lines)
+
+
 def sr_quality_table() -> str:
     data = json.loads((RESULTS / "sr_quality.json").read_text())
     lines = ["| scale | model | PSNR (Y) | SSIM (Y) |", "|---|---|---|---|"]
@@ -151,6 +175,7 @@ TABLES = {
     "attention": attention_table,
     "sr cost": sr_cost_table,
     "sr quality": sr_quality_table,
+    "upscale throughput": upscale_table,
     "trained entropy": trained_entropy_table,
     "sr ablation": sr_ablation_table,
     "digits quality": digits_quality_table,

@@ -47,3 +47,19 @@ def test_sr_ablation_changes_only_the_attention_name_and_budget():
         k: v for k, v in base["network_g"].items() if k != "attn_type"
     }
     assert base["network_g"]["attn_type"] == "nala" and base["name"] != opt["name"]  # the base was not mutated
+
+
+def test_upscale_throughput_bench_writes_consistent_rows(tmp_path):
+    pytest.importorskip("matplotlib")
+    from nala_gen.bench import upscale_throughput
+
+    argv = ["--models", "nalasr-light-x4", "--sides", "40", "--tiles", "auto", "32", "--repeats", "1"]
+    assert upscale_throughput.main([*argv, "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "upscale_throughput.json").read_text())["rows"]
+    assert [(r["tile"], r["status"]) for r in rows] == [("auto", "ok"), ("32", "ok")]
+    for row in rows:
+        assert row["output_megapixels"] == 160 * 160 / 1e6
+        assert row["megapixels_per_s"] == pytest.approx(row["output_megapixels"] / row["latency_s"])
+    assert rows[0]["tiles"] == 1 and rows[0]["tokens_per_pass"] == 40 * 40  # a 4 GiB budget fits one pass
+    assert rows[1]["tiles"] == 4 and rows[1]["tokens_per_pass"] == 32 * 32
+    assert (tmp_path / "upscale_throughput.png").read_bytes()[:4] == b"\x89PNG"

@@ -4,6 +4,7 @@ nala-bench attention   latency and memory vs tokens for each kernel (fresh proce
 nala-bench entropy     attention entropy vs query norm for each kernel (PNG + JSON)
 nala-bench trained-entropy   the same on trained models' own queries and keys, with Spearman correlations
 nala-bench sr          SR models' latency and memory vs tokens (fresh process per point)
+nala-bench upscale     nala-sr upscale end to end: output megapixels per second and memory (fresh process per point)
 nala-bench sr-ablation NaLaSR trained with each attention type on an equal budget, PSNR/SSIM on the val split
 """
 
@@ -48,6 +49,7 @@ COMMANDS = {
     "trained-entropy": "nala_gen.bench.trained_entropy",
     "sr": "nala_gen.bench.sr_scaling",
     "sr-ablation": "nala_gen.bench.sr_ablation",
+    "upscale": "nala_gen.bench.upscale_throughput",
 }
 
 

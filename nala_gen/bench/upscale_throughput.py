@@ -1,0 +1,138 @@
+"""End-to-end upscaling throughput: the engine ``nala-sr upscale`` runs, in output megapixels per second.
+
+Each point is a fresh process that loads shipped weights (``nala-sr models``), upscales the bundled sample
+resized to a square LR input once to warm up (oneDNN primitives, the auto-tile probes), then ``--repeats`` times;
+it reports the median latency (the readout ``nala-sr upscale --json`` prints), the cold first call, and the
+largest peak memory of the timed calls. ``--tile auto`` uses a fixed ``--memory-budget-mb`` (not the free
+memory of the moment) so the tiling, and with it the figure, is the same on every run.
+
+    nala-bench upscale [--models nalasr-light-x4 esrt-x4] [--sides 125 250 500] [--tiles auto 128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from nala_gen.bench.common import limit_memory, plot_cost, run_worker
+
+MODELS = ("nalasr-light-x4", "esrt-x4")
+SIDES = (125, 250, 500)  # LR sides: 0.25, 1 and 4 megapixels out at x4
+TILES = ("auto", "128")
+
+
+def sample_input(side: int):
+    """The bundled sample (a held-out photo's x4 LR), resized to side x side with Pillow's bicubic."""
+    import numpy as np
+    from PIL import Image
+
+    from nala_gen.sr.demo import SAMPLE
+
+    with Image.open(SAMPLE) as img:
+        return np.asarray(img.convert("RGB").resize((side, side), Image.BICUBIC))
+
+
+def worker(model: str, side: int, tile: str, repeats: int, budget_mb: float, device: str, mem_limit: int) -> dict:
+    import nala_gen.sr  # noqa: F401  (registers the archs)
+    from nala_gen.sr.models import load_sr_model
+    from nala_gen.sr.upscaler import Upscaler
+
+    if device == "cpu":
+        limit_memory(mem_limit)
+    net, _ = load_sr_model(model, 4)
+    engine = Upscaler(net, 4, device, tile=tile if tile == "auto" else int(tile), memory_budget=int(budget_mb * 2**20))
+    img = sample_input(side)
+    _, cold = engine.upscale(img)
+    readouts = [engine.upscale(img)[1] for _ in range(repeats)]
+    latency = statistics.median(r.latency_s for r in readouts)
+    w, h = cold.output_size
+    return {
+        "status": "ok",
+        "latency_s": latency,
+        "runs_s": [r.latency_s for r in readouts],
+        "cold_s": cold.latency_s,
+        "output_megapixels": w * h / 1e6,
+        "megapixels_per_s": w * h / 1e6 / latency,
+        "peak_extra_bytes": max(r.peak_mem_bytes for r in readouts),
+        "tiles": cold.tiles,
+        "tile_size": cold.tile_size,
+        "tokens_per_pass": cold.tokens,
+        "precision": cold.precision,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nala-bench upscale", description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(MODELS), help="named x4 weights")
+    parser.add_argument("--sides", nargs="+", type=int, default=list(SIDES), help="square LR input sides")
+    parser.add_argument("--tiles", nargs="+", default=list(TILES), help="auto, 0 (one pass) or a tile side")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory-budget-mb", type=float, default=4096, help="budget for --tile auto")
+    parser.add_argument("--mem-limit-gb", type=float, default=16.0, help="memory cap per worker on CPU (GiB)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds per point")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SIDE", "TILE"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    limit = int(args.mem_limit_gb * 2**30)
+
+    if args.worker:
+        model, side, tile = args.worker
+        result = worker(model, int(side), tile, args.repeats, args.memory_budget_mb, args.device, limit)
+        print(json.dumps(result))
+        return 0
+
+    rows = []
+    for model in args.models:
+        for tile in args.tiles:
+            for side in args.sides:
+                worker_args = ["--worker", model, str(side), tile, "--repeats", str(args.repeats)]
+                worker_args += ["--memory-budget-mb", str(args.memory_budget_mb), "--device", args.device]
+                worker_args += ["--mem-limit-gb", str(args.mem_limit_gb)]
+                result = run_worker("nala_gen.bench.upscale_throughput", worker_args, timeout=args.timeout)
+                row = {"model": model, "tile": tile, "series": f"{model}, tile {tile}", "lr_side": side}
+                row.update({"tokens": side * side, "limit_bytes": limit, **result})
+                rows.append(row)
+                shown = (
+                    f"{row['output_megapixels']:5.2f} MP out in {row['latency_s']:6.2f} s = "
+                    f"{row['megapixels_per_s']:.3f} MP/s, peak {row['peak_extra_bytes'] / 2**20:6.0f} MiB, "
+                    f"{row['tiles']} tile(s) of {row['tile_size'] or side}"
+                    if row["status"] == "ok"
+                    else f"{row['status']}: {row.get('note', '')[:90]}"
+                )
+                print(f"{model:<16} tile {tile:<5} {side:>4}x{side:<4} {shown}", flush=True)
+
+    import torch
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    machine = {"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads()}
+    if args.device != "cpu":
+        machine["device_name"] = torch.cuda.get_device_name(torch.device(args.device))
+    result = {
+        "machine": machine,
+        "scale": 4,
+        "input": "assets/chelsea_lr_x4.png resized (Pillow bicubic) to each LR side",
+        "repeats": args.repeats,
+        "memory_budget_mb": args.memory_budget_mb,
+        "rows": rows,
+    }
+    stem = "upscale_throughput" + ("" if args.device == "cpu" else f"_{args.device.split(':')[0]}")
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    plot_cost(
+        rows,
+        "series",
+        args.out / f"{stem}.png",
+        "LR input pixels (x4; output = 16x)",
+        f"nala-sr upscale end to end on {'this CPU' if args.device == 'cpu' else machine['device_name']} "
+        f"(fp32 on CPU; auto tiles from a {args.memory_budget_mb:.0f} MiB budget)",
+        "s",
+    )
+    print(f"wrote {args.out / stem}.json and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
