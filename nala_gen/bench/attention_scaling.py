@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from nala_gen.attention import feature_dim, linear_attention
-from nala_gen.bench.common import plot_cost, run_worker
+from nala_gen.bench.common import run_worker, write_cost_results
 from nala_gen.profiling import PeakMemory
 
 SIZES = (1024, 4096, 16384, 65536, 71680)
@@ -175,7 +175,6 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"N={n:>6} {method:<17} {shown}", flush=True)
     summarise(rows, floor)
-    args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "machine": {
             "cpu_count": os.cpu_count(),
@@ -187,16 +186,14 @@ def main(argv: list[str] | None = None) -> int:
         "repeats": args.repeats,
         "rows": rows,
     }
-    (args.out / "attention_scaling.json").write_text(json.dumps(result, indent=2))
-    plot_cost(
-        rows,
+    write_cost_results(
+        args.out,
+        "attention_scaling",
+        result,
         "method",
-        args.out / "attention_scaling.png",
         "tokens N (4 heads, d = 32, fp32, batch 1)",
         "Attention cost vs tokens on this CPU (each point a fresh process)",
-        "ms",
     )
-    print(f"wrote {args.out / 'attention_scaling.json'} and {args.out / 'attention_scaling.png'}")
     return 0
 
 

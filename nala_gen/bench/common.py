@@ -76,3 +76,13 @@ def plot_cost(rows: list[dict], series_key: str, path: Path, xlabel: str, title:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def write_cost_results(
+    out: Path, stem: str, result: dict, series_key: str, xlabel: str, title: str, latency_unit: str = "ms"
+) -> None:
+    """``out/STEM.json`` (the whole result) and ``out/STEM.png`` (:func:`plot_cost` of its rows)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    plot_cost(result["rows"], series_key, out / f"{stem}.png", xlabel, title, latency_unit)
+    print(f"wrote {out / stem}.json and .png")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from nala_gen.bench.common import limit_memory, plot_cost, run_worker
+from nala_gen.bench.common import limit_memory, run_worker, write_cost_results
 from nala_gen.profiling import PeakMemory
 
 SIZES = ("64x64", "128x128", "192x192", "256x280", "320x320")
@@ -145,7 +145,6 @@ def main(argv: list[str] | None = None) -> int:
                 else f"{row['status']}: {row.get('note', '')[:90]}"
             )
             print(f"{size:>8} ({h * w:>6} tokens) {model:<7} {shown}", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
     result = {
         "machine": machine(args.device),
         "scale": 4,
@@ -155,17 +154,16 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     stem = "sr_scaling" + (f"_{args.tag}" if args.tag else "")
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
     where = "this CPU" if args.device == "cpu" else result["machine"]["device_name"]
-    plot_cost(
-        rows,
+    write_cost_results(
+        args.out,
+        stem,
+        result,
         "model",
-        args.out / f"{stem}.png",
         "LR tokens (pixels), x4, fp32, batch 1",
         f"Super-resolution cost vs input size on {where} (fresh process per point)",
         "s",
     )
-    print(f"wrote {args.out / stem}.json and .png")
     return 0
 
 

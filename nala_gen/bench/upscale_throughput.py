@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from nala_gen.bench.common import limit_memory, plot_cost, run_worker
+from nala_gen.bench.common import limit_memory, run_worker, write_cost_results
 
 MODELS = ("nalasr-light-x4", "esrt-x4")
 SIDES = (125, 250, 500)  # LR sides: 0.25, 1 and 4 megapixels out at x4
@@ -107,7 +107,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    args.out.mkdir(parents=True, exist_ok=True)
     machine = {"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads()}
     if args.device != "cpu":
         machine["device_name"] = torch.cuda.get_device_name(torch.device(args.device))
@@ -120,17 +119,16 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
     }
     stem = "upscale_throughput" + ("" if args.device == "cpu" else f"_{args.device.split(':')[0]}")
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2))
-    plot_cost(
-        rows,
+    where = "this CPU" if args.device == "cpu" else machine["device_name"]
+    write_cost_results(
+        args.out,
+        stem,
+        result,
         "series",
-        args.out / f"{stem}.png",
         "LR input pixels (x4; output = 16x)",
-        f"nala-sr upscale end to end on {'this CPU' if args.device == 'cpu' else machine['device_name']} "
-        f"(fp32 on CPU; auto tiles from a {args.memory_budget_mb:.0f} MiB budget)",
+        f"nala-sr upscale end to end on {where} (auto tiles from a {args.memory_budget_mb:.0f} MiB budget)",
         "s",
     )
-    print(f"wrote {args.out / stem}.json and .png")
     return 0
 
 
