@@ -189,7 +189,7 @@ def test_memory_model_solves_quadratic_costs_and_bounds_linear_ones():
 
 def test_auto_tiles_keep_a_quadratic_model_within_its_budget():
     # ESRT's split softmax grows with the square of the tokens, which small probes hardly show (x1.1 from 48 to
-    # 96 px): a power law through them chose 127 px tiles for a 1 GiB budget, whose pass took 1.6 GiB.
+    # 96 px): a power law through them chose 124 px tiles for a 1 GiB budget, whose pass took 1.43 GiB.
     from nala_gen.sr.models import load_sr_model
 
     model, _ = load_sr_model("esrt-x4", 4)
@@ -309,9 +309,9 @@ def test_exit_status_of_the_console_script(tmp_path, weights):
 def test_tiled_and_untiled_agree_with_the_shipped_model():
     # Measured with the shipped nalasr-light-x4 (6,954 iterations) on the bundled 90x75 sample (x4, 8-bit): tiles of
     # 48 with 16 px overlap give max |tiled - untiled| = 22/255 and mean 0.66/255 (tiles of 32: 23 and 0.80; of 64:
-    # 21 and 0.54). NaLaSR's
-    # attention and channel attention are global, so a tile sees less context than the whole image; the
-    # differences are small and spread out, not seams (the blending itself is exact: see the local-model test).
+    # 21 and 0.54). NaLaSR's attention and channel attention are global, so a tile sees less context than the
+    # whole image; the differences are small and spread out, not seams (the blending itself is exact: see the
+    # local-model test).
     from pathlib import Path
 
     from nala_gen.sr.models import load_sr_model

@@ -20,6 +20,18 @@ def limit_memory(max_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (max_bytes, max_bytes))
 
 
+def machine_info(device: str) -> dict:
+    """What a result file says about where it ran: cores, torch, threads and, on CUDA, the GPU."""
+    import torch
+
+    info = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    info["device"] = device
+    if device != "cpu":
+        info["device_name"] = torch.cuda.get_device_name(torch.device(device))
+        info["memory"] = "torch.cuda.max_memory_allocated (tensors), CUDA-synchronised timings"
+    return info
+
+
 def run_worker(module: str, args: list[str], env: dict | None = None, timeout: float | None = None) -> dict:
     """``python -m module *args`` -> the JSON object on its last stdout line, or a status with the reason."""
     cmd = [sys.executable, "-m", module, *args]

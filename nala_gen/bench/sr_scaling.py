@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from nala_gen.bench.common import limit_memory, run_worker, write_cost_results
+from nala_gen.bench.common import limit_memory, machine_info, run_worker, write_cost_results
 from nala_gen.profiling import PeakMemory
 
 SIZES = ("64x64", "128x128", "192x192", "256x280", "320x320")
@@ -77,15 +76,6 @@ def worker(model: str, size: str, repeats: int, mem_limit: int, device: str = "c
             runs.append(_timed(net, x))
         runs.extend(_timed(net, x) for _ in range(repeats - 1))
     return {"status": "ok", "latency_s": statistics.median(runs), "runs_s": runs, "peak_extra_bytes": memory.peak_bytes}
-
-
-def machine(device: str) -> dict:
-    info = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}
-    info["device"] = device
-    if device != "cpu":
-        info["device_name"] = torch.cuda.get_device_name(torch.device(device))
-        info["memory"] = "torch.cuda.max_memory_allocated (tensors), CUDA-synchronised timings"
-    return info
 
 
 def model_costs(model: str) -> dict:
@@ -146,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"{size:>8} ({h * w:>6} tokens) {model:<7} {shown}", flush=True)
     result = {
-        "machine": machine(args.device),
+        "machine": machine_info(args.device),
         "scale": 4,
         "repeats": args.repeats,
         "mem_limit_bytes": limit,

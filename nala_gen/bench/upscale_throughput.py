@@ -17,7 +17,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from nala_gen.bench.common import limit_memory, run_worker, write_cost_results
+from nala_gen.bench.common import limit_memory, machine_info, run_worker, write_cost_results
 
 MODELS = ("nalasr-light-x4", "esrt-x4")
 SIDES = (125, 250, 500)  # LR sides: 0.25, 1 and 4 megapixels out at x4
@@ -36,7 +36,6 @@ def sample_input(side: int):
 
 
 def worker(model: str, side: int, tile: str, repeats: int, budget_mb: float, device: str, mem_limit: int) -> dict:
-    import nala_gen.sr  # noqa: F401  (registers the archs)
     from nala_gen.sr.models import load_sr_model
     from nala_gen.sr.upscaler import Upscaler
 
@@ -105,11 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 print(f"{model:<16} tile {tile:<5} {side:>4}x{side:<4} {shown}", flush=True)
 
-    import torch
-
-    machine = {"device": args.device, "torch": torch.__version__, "threads": torch.get_num_threads()}
-    if args.device != "cpu":
-        machine["device_name"] = torch.cuda.get_device_name(torch.device(args.device))
+    machine = machine_info(args.device)
     result = {
         "machine": machine,
         "scale": 4,
