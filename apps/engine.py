@@ -303,6 +303,7 @@ class Engine:
         import torch
         from PIL import Image
 
+        from nala_gen.devices import pick_device
         from nala_gen.diffusion.cli import make_grid, save_atomic, set_scheduler
 
         steps, num_images, seed = int(steps or 0), int(num_images or 0), int(seed or 0)
@@ -319,10 +320,7 @@ class Engine:
                 ids = pipe.get_label_ids(label if label is not None else 0)
                 pipe.scheduler = saved  # the saved one, then the requested one built from its config
                 used = set_scheduler(pipe, scheduler or None)
-                target = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-                if target.startswith("cuda") and not torch.cuda.is_available():
-                    raise ValueError("CUDA was asked for but is not available; use cpu")
-                pipe.to(target)
+                pipe.to(pick_device(device))
                 pipe.set_progress_bar_config(desc="denoising", leave=False)
                 images = pipe(
                     ids * num_images,

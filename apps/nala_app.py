@@ -32,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 import gradio as gr  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from apps import scaling  # noqa: E402
 from apps.engine import SAMPLE, AppConfig, Engine, UserError, devices, one_line, precisions  # noqa: E402
@@ -83,16 +84,30 @@ def friendly_uploads(component: gr.Image) -> gr.Image:
             return preprocess(payload)
         except gr.Error:
             raise
-        except Exception:  # PIL's UnidentifiedImageError and friends, before our code sees the file
+        except Exception as err:  # PIL's UnidentifiedImageError and friends, before our code sees the file
             name = html.escape(getattr(payload, "orig_name", None) or "file", quote=False)
+            if isinstance(err, Image.DecompressionBombError):
+                raise gr.Error(
+                    f"the upload ({name}) has too many pixels to open safely", print_exception=False
+                ) from None
             raise gr.Error(f"the upload ({name}) is not an image file", print_exception=False) from None
 
     component.preprocess = checked
     return component
 
 
-def _scale_choices(models: list[tuple[str, int, str]]) -> list[int]:
-    return sorted({2, 4} | {s for _, s, _ in models})  # the shipped scales, whether installed or not
+def _scale_choices(models: list[tuple[str, int, str]]) -> list[str]:
+    """The shipped scales, whether installed or not, as the strings the API schema lists."""
+    return [str(s) for s in sorted({2, 4} | {s for _, s, _ in models})]
+
+
+def _preferred_model(choices: list[tuple[str, str]], scale: int | None) -> str | None:
+    """The scale's default model (NaLaSR, as ``nala-sr upscale``) when installed, else the first one."""
+    from nala_gen.sr.models import DEFAULT_MODELS
+
+    names = [name for _, name in choices]
+    default = DEFAULT_MODELS.get(scale)
+    return default if default in names else (names[0] if names else None)
 
 
 def _model_choices(models: list[tuple[str, int, str]], scale: int | None) -> list[tuple[str, str]]:
@@ -104,6 +119,7 @@ def build_upscale_tab(engine: Engine) -> dict:
     scales = _scale_choices(models)
     scale0 = 4 if any(s == 4 for _, s, _ in models) else (models[0][1] if models else 4)
     choices0 = _model_choices(models, scale0)
+    scale0 = str(scale0)
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=300):
             image = gr.Image(
@@ -122,7 +138,7 @@ def build_upscale_tab(engine: Engine) -> dict:
                 scale = gr.Radio(scales, value=scale0, label="Scale", elem_id="upscale-scale", min_width=150, scale=0)
                 model = gr.Dropdown(
                     choices0,
-                    value=choices0[0][1] if choices0 else None,
+                    value=_preferred_model(choices0, int(scale0)),
                     label="Model",
                     allow_custom_value=True,  # checked by the engine against the weights installed now
                     elem_id="upscale-model",
@@ -197,8 +213,9 @@ def build_upscale_tab(engine: Engine) -> dict:
     )
 
     def on_scale(scale):
-        choices = _model_choices(engine.sr_models(), int(scale) if scale else None)
-        return gr.update(choices=choices, value=choices[0][1] if choices else None)
+        s = int(scale) if scale else None
+        choices = _model_choices(engine.sr_models(), s)
+        return gr.update(choices=choices, value=_preferred_model(choices, s))
 
     scale.input(on_scale, scale, model, api_visibility="private", queue=False)
 
@@ -206,12 +223,13 @@ def build_upscale_tab(engine: Engine) -> dict:
         models = engine.sr_models()
         scales = _scale_choices(models)
         installed = {s for _, s, _ in models}
-        s = current_scale if current_scale in installed or not installed else (4 if 4 in installed else min(installed))
+        current = int(current_scale) if current_scale else None
+        s = current if current in installed or not installed else (4 if 4 in installed else min(installed))
         choices = _model_choices(models, s)
         names = [v for _, v in choices]
-        value = current_model if current_model in names else (names[0] if names else None)
+        value = current_model if current_model in names else _preferred_model(choices, s)
         return (
-            gr.update(choices=scales, value=s),
+            gr.update(choices=scales, value=str(s) if s else None),
             gr.update(choices=choices, value=value),
             gr.update(visible=not models),
         )

@@ -112,7 +112,7 @@ def _live_fn(method: str, tokens: int):
     import torch
 
     from nala_gen.attention import linear_attention
-    from nala_gen.sr.blocks import split_softmax_attention
+    from nala_gen.sr.esrt_arch import split_softmax_attention
 
     if method == "naladit_step":
         from nala_gen.diffusion import NaLaDiTTransformer2DModel
@@ -129,7 +129,7 @@ def _live_fn(method: str, tokens: int):
     if method == "softmax_sdpa":
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), tokens
     if method == "esrt_split":
-        return lambda: split_softmax_attention(q, k, v, ESRT_SPLITS), tokens
+        return lambda: split_softmax_attention(q, k, v, HEAD_DIM**-0.5, ESRT_SPLITS), tokens
     if method == "softmax_explicit":
         return lambda: torch.softmax((q @ k.transpose(-2, -1)) * HEAD_DIM**-0.5, dim=-1) @ v, tokens
     return lambda: linear_attention(q, k, v, kernel=method), tokens

@@ -77,19 +77,34 @@ def read_card(card_path: Path) -> WeightCard:
     )
 
 
-def list_weights(task: str | None = None) -> list[WeightCard]:
-    """Every named weight (the first folder that has a name wins), optionally of one task."""
+def _scan() -> tuple[dict[str, WeightCard], list[tuple[Path, str]]]:
+    """(cards by name, the first folder that has a name wins; (path, reason) of each JSON that is no valid card)."""
     cards: dict[str, WeightCard] = {}
+    broken: list[tuple[Path, str]] = []
     for folder in weights_dirs():
         if not folder.is_dir():
             continue
         for card_path in sorted(folder.glob("*.json")):
             try:
                 card = read_card(card_path)
-            except (KeyError, json.JSONDecodeError):
-                continue  # not a weight card
+            except KeyError as err:
+                broken.append((card_path, f"no {err.args[0]!r} field"))
+                continue
+            except (json.JSONDecodeError, UnicodeDecodeError, OSError, AttributeError, TypeError) as err:
+                broken.append((card_path, f"unreadable ({type(err).__name__})"))
+                continue
             cards.setdefault(card.name, card)
-    return [c for c in cards.values() if task is None or c.task == task]
+    return cards, broken
+
+
+def list_weights(task: str | None = None) -> list[WeightCard]:
+    """Every named weight (the first folder that has a name wins), optionally of one task."""
+    return [c for c in _scan()[0].values() if task is None or c.task == task]
+
+
+def broken_cards() -> list[tuple[Path, str]]:
+    """(path, reason) of each ``*.json`` in the weight folders that is not a valid card, for commands to report."""
+    return _scan()[1]
 
 
 def resolve(name_or_path: str) -> WeightCard:
@@ -127,22 +142,41 @@ def load_state_dict(card: WeightCard) -> dict[str, torch.Tensor]:
         raise WeightsError(f"{card.payload} is not a readable safetensors file ({err})") from None
 
 
-def load_basicsr_checkpoint(path: str | Path) -> dict[str, torch.Tensor]:
-    """A BasicSR ``net_g_*.pth``: ``params_ema`` when present, else ``params`` (safe, weights-only load)."""
+def load_basicsr_checkpoint(path: str | Path, param_key: str | None = None) -> dict[str, torch.Tensor]:
+    """A BasicSR ``net_g_*.pth``: ``param_key``, or by default ``params_ema`` when present, else ``params`` (safe,
+    weights-only load)."""
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
-        raise WeightsError(f"{path} is not a readable PyTorch checkpoint ({err})") from None
+        # torch's own message is many lines and suggests weights_only=False, which this project never does.
+        raise WeightsError(
+            f"{path} is not a readable PyTorch checkpoint: damaged, or holding objects other than tensors "
+            f"(never unpickled here; {type(err).__name__})"
+        ) from None
     if not isinstance(checkpoint, dict):
         raise WeightsError(f"{path} does not hold a state dict")
+    if param_key is not None:
+        if param_key not in checkpoint:
+            raise WeightsError(f"{path} has no {param_key!r} (it holds {', '.join(map(str, checkpoint))})")
+        return checkpoint[param_key]
     for key in ("params_ema", "params"):
         if key in checkpoint:
             return checkpoint[key]
     return checkpoint
 
 
+def check_finite(tensors, source: str) -> None:
+    """Refuse weights holding NaN or infinity (they give black or noise outputs silently): one-line error naming
+    the first such tensor. ``tensors``: ``(name, tensor)`` pairs, e.g. ``state.items()`` or
+    ``model.named_parameters()``."""
+    for name, tensor in tensors:
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise WeightsError(f"{source} holds non-finite values (NaN or inf) in {name}")
+
+
 def load_into(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str) -> torch.nn.Module:
-    """Strict load with a one-line error naming what does not fit."""
+    """Strict load with a one-line error naming what does not fit or is not finite."""
+    check_finite(state.items(), source)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     unexpected = sorted(set(state) - set(expected))

@@ -17,15 +17,16 @@ from pathlib import Path
 
 import yaml
 
-import nala_gen.sr  # noqa: F401
 from nala_gen.sr.models import export_checkpoint
 
 # How the shipped runs actually went on this machine (kept on each card, so the times above can be read right).
-ONE_THREAD = "on 2 shared vCPUs, one thread each (OMP_NUM_THREADS=1)"
+ONE_THREAD = "one thread each (OMP_NUM_THREADS=1) on 2 shared vCPUs"
 RUN_NOTES = {
-    "nalasr-light-x4": "ran concurrently with the esrt-x4 run " + ONE_THREAD,
-    "esrt-x4": "ran concurrently with the nalasr-light-x4 run " + ONE_THREAD,
-    "nalasr-light-x2": "ran concurrently with two earlier 3,000-iteration x4 runs " + ONE_THREAD,
+    "nalasr-light-x4": "ran beside the esrt-x4 run, " + ONE_THREAD + ", then alone on one thread once ESRT stopped at "
+    "3,000 (the equal-budget point)",
+    "esrt-x4": "ran beside two 500-iteration ablation runs, the nalasr-light-x2 run and the nalasr-light-x4 run, "
+    + ONE_THREAD,
+    "nalasr-light-x2": "ran beside the esrt-x4 run, " + ONE_THREAD,
 }
 RUNS = {
     "nalasr-light-x4": "options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml",
@@ -41,10 +42,11 @@ def cpu_name() -> str:
     return platform.processor()
 
 
-def training_facts(log_dir: Path) -> tuple[float, int]:
+def training_facts(log_dir: Path, upto: int | None = None) -> tuple[float, int]:
     """(wall seconds from 'Start training' to 'End of training' or the last logged line, summed over the run's
-    logs; the last iteration the run reached). An interrupted and resumed run has several logs; iterations redone
-    after a resume count twice in the time."""
+    logs; the last iteration the run reached). With ``upto``, only up to the first line at that iteration (the time
+    a periodic checkpoint took). An interrupted and resumed run has several logs; iterations redone after a resume
+    count twice in the time."""
     stamp = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ INFO: "
     total, last_iter = 0.0, 0
     for log in sorted(log_dir.glob("train_*.log")):
@@ -57,9 +59,25 @@ def training_facts(log_dir: Path) -> tuple[float, int]:
             # BasicSR logs the iteration every print_freq and, at each validation, as "@ N iter".
             for found in re.findall(r"iter:\s+([\d,]+),|@ (\d+) iter", line):
                 last_iter = max(last_iter, *(int(x.replace(",", "")) for x in found if x))
+            if upto is not None and last_iter >= upto:
+                break
         if start and end:
             total += (end - start).total_seconds()
+        if upto is not None and last_iter >= upto:
+            break
     return total, last_iter
+
+
+def shipped_checkpoint(exp: Path) -> tuple[Path, int | None]:
+    """(checkpoint, its iteration): the end-of-training one, else (a run still going) the latest periodic save."""
+    latest = exp / "models" / "net_g_latest.pth"
+    if latest.is_file():
+        return latest, None
+    saves = {int(p.stem.rsplit("_", 1)[1]): p for p in (exp / "models").glob("net_g_*.pth") if p.stem[6:].isdigit()}
+    if not saves:
+        raise SystemExit(f"no checkpoint under {exp / 'models'}: train first")
+    it = max(saves)
+    return saves[it], it
 
 
 def main() -> int:
@@ -71,7 +89,10 @@ def main() -> int:
         opt = yaml.safe_load(Path(option).read_text())
         exp = Path("experiments") / opt["name"]
         train = opt["datasets"]["train"]
-        seconds, iterations = training_facts(exp)
+        checkpoint, upto = shipped_checkpoint(exp)
+        seconds, iterations = training_facts(exp, upto)
+        # BasicSR logs its closing validation one or two iterations past the last one it trained.
+        iterations = min(iterations, opt["train"]["total_iter"])
         info = {
             "trained_on": "embedded mini train split (nala-sr prepare mini: 10 scikit-image photos, "
             "192 px HR sub-images, MATLAB-bicubic LR)",
@@ -88,10 +109,15 @@ def main() -> int:
             "command": f"python -m nala_gen.sr.train -opt {option}",
             "notes": RUN_NOTES.get(name, ""),
         }
-        checkpoint = exp / "models" / "net_g_latest.pth"  # saved at the end of training ...
-        if not checkpoint.is_file():  # ... unless the run stopped right after its last periodic save
-            checkpoint = exp / "models" / f"net_g_{iterations}.pth"
-        card = export_checkpoint(checkpoint, option, name, "weights", info)
+        # A run's EMA (decay 0.999) still weighs its first iterations heavily until late in the run (ESRT at 2,000 of
+        # 7,000: 19.3 dB with the EMA weights, 27.6 dB with the raw ones), so a checkpoint from mid-run ships `params`.
+        param_key = None
+        if upto is not None:
+            param_key = "params"
+            interim = f"interim: the raw (non-EMA) weights at {upto:,} of {info['total_iter_option']:,} iterations. "
+            info["notes"] = interim + info["notes"]
+        info["param_key"] = param_key or "params_ema (when the run has an EMA), else params"
+        card = export_checkpoint(checkpoint, option, name, "weights", info, param_key)
         print(f"exported {card}")
     for scale, models in ((4, ["bicubic", "esrt-x4", "nalasr-light-x4"]), (2, ["bicubic", "nalasr-light-x2"])):
         cmd = ["nala-sr", "evaluate", "--scale", str(scale), "--models", *models]

@@ -117,7 +117,7 @@ def upscale_args(path: Path, **overrides) -> dict:
 
     args = {
         "image": handle_file(str(path)),
-        "scale": 4,
+        "scale": "4",  # the API schema lists the scales as strings
         "model": SR_NAME,
         "tile_mode": "off",
         "tile_size": 256,
@@ -150,7 +150,7 @@ def test_api_upscale_errors(client, tmp_path):
     with pytest.raises(AppError, match="unknown super-resolution model 'nope'"):
         client.predict(**upscale_args(small, model="nope"), api_name="/upscale")
     with pytest.raises(AppError, match="upscales x4, not x2"):
-        client.predict(**upscale_args(small, scale=2), api_name="/upscale")
+        client.predict(**upscale_args(small, scale="2"), api_name="/upscale")
     broken = tmp_path / "broken.png"
     broken.write_bytes(small.read_bytes()[:200])  # a truncated PNG: the header is fine, the pixels are not
     with pytest.raises(AppError, match=r"the upload \(broken.png\) is damaged"):

@@ -47,6 +47,11 @@ def test_sr_ablation_changes_only_the_attention_name_and_budget():
         k: v for k, v in base["network_g"].items() if k != "attn_type"
     }
     assert base["network_g"]["attn_type"] == "nala" and base["name"] != opt["name"]  # the base was not mutated
+    # ESRT's EMHA is ESRT itself, the same layout and width; a block part or kernel option is one more field.
+    esrt = sr_ablation.ablation_option(base, "emha", 1000)["network_g"]
+    assert esrt["type"] == "ESRT" and esrt["num_feat"] == base["network_g"]["num_feat"]
+    no_lepe = sr_ablation.ablation_option(base, "no_lepe", 1000)["network_g"]
+    assert no_lepe == {**base["network_g"], "lepe": False}
 
 
 def test_upscale_throughput_bench_writes_consistent_rows(tmp_path):

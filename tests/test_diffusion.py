@@ -27,6 +27,7 @@ from nala_gen.diffusion import (  # noqa: E402
     NaLaAttnProcessor,
     NaLaDiTPipeline,
     NaLaDiTTransformer2DModel,
+    NaLaJointAttnProcessor,
     attention_processors,
     linearize,
 )
@@ -129,8 +130,11 @@ def test_named_sizes_and_parameter_count():
     assert {"tiny", "S/2", "B/2", "L/2", "XL/2"} <= set(MODEL_SIZES)
     with torch.device("meta"):
         small = NaLaDiTTransformer2DModel.from_size("S/2")  # 32x32x4 latents, 1000 classes, learned sigma
-    count = sum(p.numel() for p in small.parameters())
-    assert 32.5e6 < count < 33.5e6  # DiT-S/2: 33M
+        plain = NaLaDiTTransformer2DModel.from_size("S/2", rope=False, lepe=False, gate=False)
+    count = sum(p.numel() for p in plain.parameters())
+    assert 32.5e6 < count < 33.5e6  # DiT-S/2: 33M (the DiT paper's attention: q/k/v -> softmax -> projection)
+    # The NaLa block adds its gate projection, 5x5 LePE and output LayerNorm: 34.8M.
+    assert 34.5e6 < sum(p.numel() for p in small.parameters()) < 35e6
     assert small.config.hidden_size == 384 and small.config.depth == 12
     with pytest.raises(ValueError, match="unknown model size"):
         NaLaDiTTransformer2DModel.from_size("M/3")
@@ -141,29 +145,31 @@ def test_attention_type_is_one_config_value():
     soft = tiny_model(attention_type="softmax")
     assert nala.state_dict().keys() == soft.state_dict().keys()
     soft.load_state_dict(nala.state_dict())
-    assert {type(p).__name__ for p in attention_processors(nala).values()} == {"NaLaAttnProcessor"}
+    assert {block.attn.attn_type for block in nala.blocks} == {"nala"}
     x, t, y = inputs()
     with torch.no_grad():
         assert not torch.allclose(nala(x, t, y).sample, soft(x, t, y).sample, atol=1e-4)
 
 
-def test_softmax_model_matches_diffusers_default_processor():
-    model = tiny_model(attention_type="softmax")
-    x, t, y = inputs()
+def test_softmax_model_without_block_parts_is_plain_sdpa_attention():
+    # With RoPE, LePE and the gate off, the block is q/k/v -> attention -> projection: the DiT paper's attention.
+    model = tiny_model(attention_type="softmax", rope=False, lepe=False, gate=False)
+    attn = model.blocks[0].attn
+    x = torch.randn(2, 16, 64)
+    q, k, v = attn.qkvg(x).unflatten(-1, (3, 2, 32)).permute(2, 0, 3, 1, 4)
+    expected = attn.proj(torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 16, 64))
     with torch.no_grad():
-        ours = model(x, t, y).sample
-        model.set_attn_processor(AttnProcessor2_0())
-        default = model(x, t, y).sample
-    torch.testing.assert_close(ours, default, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(attn(x, (4, 4)), expected, atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("switch", ["rope", "lepe", "gate"])
 @pytest.mark.parametrize("attention_type", ["nala", "softmax"])
-def test_rope_runs_and_changes_output(attention_type):
-    plain = tiny_model(attention_type=attention_type)
-    rope = tiny_model(attention_type=attention_type, use_rope=True)
+def test_block_switches_change_the_output(attention_type, switch):
+    full = tiny_model(attention_type=attention_type)
+    without = tiny_model(attention_type=attention_type, **{switch: False})
     x, t, y = inputs(width=12)
     with torch.no_grad():
-        a, b = plain(x, t, y).sample, rope(x, t, y).sample
+        a, b = full(x, t, y).sample, without(x, t, y).sample
     assert torch.isfinite(b).all()
     assert not torch.allclose(a, b, atol=1e-4)
 
@@ -174,7 +180,7 @@ def test_model_save_load_identical(tmp_path):
     loaded = NaLaDiTTransformer2DModel.from_pretrained(tmp_path / "model").eval()
     assert loaded.config.attention_type == "nala_split"
     assert loaded.config.attention_kernel_options == {"lam": 2.0}
-    assert attention_processors(loaded)["blocks.0.attn"].kernel_options == {"lam": 2.0}
+    assert loaded.blocks[0].attn.kernel_options == {"lam": 2.0}
     x, t, y = inputs(height=12)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x, t, y).sample, model(x, t, y).sample, atol=0, rtol=0)
@@ -193,7 +199,7 @@ def test_gradient_checkpointing_same_gradients():
         model(x, t, y).sample.square().mean().backward()
         return {n: p.grad.clone() for n, p in model.named_parameters()}
 
-    model = tiny_model(use_rope=True).train()
+    model = tiny_model().train()
     reference = grads(model)
     model.enable_gradient_checkpointing(gradient_checkpointing_func=checkpoint)
     assert model.is_gradient_checkpointing
@@ -308,7 +314,7 @@ def test_linearize_swaps_only_self_attention(make):
     before = attention_processors(model)
     with torch.no_grad():
         softmax_out = run(model)
-    swapped = linearize(model, "nala")
+    swapped = linearize(model, "nala").swapped
     after = attention_processors(model)
     assert swapped and swapped == [name for name in before if name.endswith("attn1")]
     for name in before:
@@ -343,7 +349,7 @@ def test_linearize_sana_relu_reproduces_sana_linear_attention():
     text = torch.randn(2, 5, 12, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         sana = model(x, encoder_hidden_states=text, timestep=t).sample
-        assert linearize(model, "relu") == ["transformer_blocks.0.attn1"]
+        assert linearize(model, "relu").swapped == ["transformer_blocks.0.attn1"]
         ours = model(x, encoder_hidden_states=text, timestep=t).sample
     torch.testing.assert_close(ours, sana, atol=1e-5, rtol=1e-5)
 
@@ -447,3 +453,171 @@ def test_pipeline_save_load_identical(tmp_path, vae):
     assert loaded.id2label == ID2LABEL
     assert loaded.get_label_ids(["white shark"]) == [2]
     torch.testing.assert_close(generate(loaded, guidance_scale=2.0), generate(pipe, guidance_scale=2.0), atol=0, rtol=0)
+
+
+# ------------------------------------------------------------------------------- linearize on five model families
+
+
+def _unet():
+    from diffusers import UNet2DConditionModel
+
+    torch.manual_seed(0)
+    model = UNet2DConditionModel(
+        sample_size=8,
+        in_channels=4,
+        out_channels=4,
+        layers_per_block=1,
+        block_out_channels=(8, 16),
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        cross_attention_dim=16,
+        attention_head_dim=4,
+        norm_num_groups=4,
+    )
+    x, t, _ = inputs()
+    text = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+    return randomize(model).eval(), lambda m: m(x, t, encoder_hidden_states=text).sample
+
+
+def _sd3():
+    from diffusers import SD3Transformer2DModel
+
+    torch.manual_seed(0)
+    model = SD3Transformer2DModel(
+        sample_size=8,
+        patch_size=2,
+        in_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=16,
+        caption_projection_dim=16,
+        pooled_projection_dim=12,
+        out_channels=4,
+        pos_embed_max_size=16,
+    )
+    x, t, _ = inputs()
+    gen = torch.Generator().manual_seed(2)
+    text, pooled = torch.randn(2, 5, 16, generator=gen), torch.randn(2, 12, generator=gen)
+    run = lambda m: m(x, encoder_hidden_states=text, pooled_projections=pooled, timestep=t).sample  # noqa: E731
+    return randomize(model).eval(), run
+
+
+def _flux():
+    from diffusers import FluxTransformer2DModel
+
+    torch.manual_seed(0)
+    model = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=4,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=8,
+        num_attention_heads=2,
+        joint_attention_dim=16,
+        pooled_projection_dim=12,
+        axes_dims_rope=(2, 2, 4),
+    )
+    gen = torch.Generator().manual_seed(3)
+    image = torch.randn(2, 16, 4, generator=gen)  # a packed 4x4 latent
+    text, pooled = torch.randn(2, 5, 16, generator=gen), torch.randn(2, 12, generator=gen)
+    rows, cols = torch.meshgrid(torch.arange(4.0), torch.arange(4.0), indexing="ij")
+    img_ids = torch.stack((torch.zeros(16), rows.flatten(), cols.flatten()), dim=-1)
+    txt_ids = torch.zeros(5, 3)
+    t = torch.tensor([0.1, 0.7])
+
+    def run(m):
+        return m(
+            image, encoder_hidden_states=text, pooled_projections=pooled, timestep=t, img_ids=img_ids, txt_ids=txt_ids
+        ).sample
+
+    return randomize(model).eval(), run
+
+
+def _hunyuan():
+    from diffusers import HunyuanDiT2DModel
+    from diffusers.models.embeddings import get_2d_rotary_pos_embed
+
+    torch.manual_seed(0)
+    model = HunyuanDiT2DModel(
+        num_attention_heads=2,
+        attention_head_dim=8,
+        in_channels=4,
+        patch_size=2,
+        sample_size=8,
+        hidden_size=16,
+        num_layers=2,
+        cross_attention_dim=16,
+        cross_attention_dim_t5=16,
+        pooled_projection_dim=8,
+        text_len=5,
+        text_len_t5=6,
+        use_style_cond_and_image_meta_size=False,
+    )
+    x, t, _ = inputs()
+    gen = torch.Generator().manual_seed(4)
+    text, text_t5 = torch.randn(2, 5, 16, generator=gen), torch.randn(2, 6, 16, generator=gen)
+    rotary = get_2d_rotary_pos_embed(8, ((0, 0), (4, 4)), (4, 4))  # head_dim 8 over the 4x4 patch grid
+
+    def run(m):
+        return m(
+            x,
+            t,
+            encoder_hidden_states=text,
+            text_embedding_mask=torch.ones(2, 5),
+            encoder_hidden_states_t5=text_t5,
+            text_embedding_mask_t5=torch.ones(2, 6),
+            image_rotary_emb=rotary,
+        ).sample
+
+    return randomize(model).eval(), run
+
+
+FAMILIES = {"UNet2DCondition": _unet, "PixArt": _pixart, "SD3": _sd3, "Flux": _flux, "HunyuanDiT": _hunyuan}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_linearize_softmax_keeps_the_model_and_nala_changes_it(family):
+    model, run = FAMILIES[family]()
+    with torch.no_grad():
+        original = run(model)
+        # The processors reproduce each family's own: with the softmax kernel nothing may change.
+        report = linearize(model, "softmax")
+        torch.testing.assert_close(run(model), original, atol=2e-5, rtol=1e-4)
+        report = linearize(model, "nala")
+        nala = run(model)
+    assert report.swapped and not set(report.swapped) & set(report.skipped)
+    processors = attention_processors(model)
+    assert set(report.swapped) | set(report.skipped) == set(processors)
+    assert all(isinstance(processors[name], NaLaAttnProcessor) for name in report.swapped)
+    assert all("cross-attention" in why for why in report.skipped.values()), report.skipped
+    if family in ("SD3", "Flux"):
+        assert report.joint and all(isinstance(processors[n], NaLaJointAttnProcessor) for n in report.joint)
+    assert nala.shape == original.shape and torch.isfinite(nala).all()
+    assert not torch.allclose(nala, original, atol=1e-4)
+    assert "swapped" in str(report)
+
+
+def test_linearize_keeps_hunyuans_rotary_embedding():
+    from diffusers.models.embeddings import get_2d_rotary_pos_embed
+
+    model, _ = _hunyuan()
+    linearize(model, "nala")
+    attn = model.blocks[0].attn1
+    x = torch.randn(2, 16, 16)
+    rotary = get_2d_rotary_pos_embed(8, ((0, 0), (4, 4)), (4, 4))
+    with torch.no_grad():
+        with_rotary, without = attn(x, image_rotary_emb=rotary), attn(x)
+    assert not torch.allclose(with_rotary, without, atol=1e-5)  # the embedding reaches the kernel
+    with pytest.raises(ValueError, match="rotary"):
+        attn(x, image_rotary_emb=torch.randn(16, 4))  # a complex-style table: refused, not dropped
+
+
+def test_linearize_reports_what_it_cannot_swap():
+    from diffusers.models.attention_processor import AttnAddedKVProcessor
+
+    model, _ = _unet()
+    name = next(n for n, m in model.named_modules() if n.endswith("attn1"))
+    model.get_submodule(name).set_processor(AttnAddedKVProcessor())
+    report = linearize(model, "nala")
+    assert name not in report.swapped and "AttnAddedKVProcessor" in report.skipped[name]

@@ -117,8 +117,13 @@ def test_resume_gives_the_same_losses_and_weights(tmp_path):
     assert [p.name for p in checkpoint_dirs(tmp_path / "whole")] == ["step_3", "step_4"]
 
     train(tiny_config(tmp_path / "split", checkpoint_every=2, **{**fields, "max_steps": 2}), progress=False)
+    # What a run killed mid-save leaves behind is removed on the next start, never read.
+    stale = tmp_path / "split" / "checkpoints" / ".step_3.tmp"
+    stale.mkdir()
+    (stale / "train_state.json").write_text("{")
     resumed = train(tiny_config(tmp_path / "split", checkpoint_every=2, **fields), resume="latest", progress=False)
     assert resumed["resumed_from"].endswith("step_2") and resumed["steps_this_run"] == 2
+    assert not stale.exists()
 
     full, split = logged_losses(tmp_path / "whole"), logged_losses(tmp_path / "split")
     assert split[3] == full[3] and split[4] == full[4]

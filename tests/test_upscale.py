@@ -9,7 +9,6 @@ import pytest
 import torch
 from PIL import Image
 
-import nala_gen.sr  # noqa: F401
 from nala_gen.profiling import PeakMemory
 from nala_gen.sr.cli import main
 from nala_gen.sr.imageio import read_image, write_image_atomic
@@ -335,3 +334,19 @@ def test_atomic_writes_get_the_permissions_of_a_plain_write(tmp_path):
     atomic = write_atomic(tmp_path / "atomic.bin", b"x")
     assert stat.S_IMODE(atomic.stat().st_mode) == stat.S_IMODE(plain.stat().st_mode)
     assert atomic.read_bytes() == b"x" and [p.name for p in tmp_path.iterdir() if p.suffix == ".part"] == []
+
+
+def test_upscaling_imports_neither_basicsr_nor_torchvision(tmp_path, weights):
+    # The archs and the engine need torch only; BasicSR (and the torchvision it drags in) load for training only.
+    img = tmp_path / "in.png"
+    save(rng_image((12, 10, 3)), img)
+    code = (
+        "import sys\n"
+        "from nala_gen.sr.cli import main\n"
+        f"assert main(['upscale', {str(img)!r}, '-m', {str(weights / 'tiny-x4.json')!r}, '-q']) == 0\n"
+        "print(sorted(m for m in ('basicsr', 'torchvision') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == "[]"
+    assert (tmp_path / "in_x4.png").is_file()

@@ -19,7 +19,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from .kernels import SOFTMAX_KERNELS, compiled_feature_map, feature_map, upcast
+from .kernels import SOFTMAX_KERNELS, compiled_feature_map, safe_keys, upcast
+from .kernels import kernel as kernel_spec
 from .rope import apply_rope
 
 Tensor = torch.Tensor
@@ -107,7 +108,11 @@ def linear_attention(
         v: (B, heads, N_k, dv) values.
         kernel: a name from :func:`~nala_gen.attention.kernels.kernel_names`; ``softmax`` uses fused SDPA.
         rope: optional (cos, sin) tables from :func:`~nala_gen.attention.rope.rope_2d` for the feature
-            size (or for d with ``softmax``); applied to the numerator only, so rows still sum to one.
+            size (or for d with ``softmax``). For linear kernels it rotates the numerator features only (as
+            the paper and its code do): the denominator still normalises with the unrotated features, but the
+            rotated products ``phi(q) R_t R_j^T phi(k)`` can be negative, so the effective weights are no
+            longer a distribution (some are negative and rows need not sum to one; ``test_attention``
+            measures how far on random inputs).
         chunk_size: tokens processed at a time.
         compile: fuse the feature map with ``torch.compile`` (see :func:`~nala_gen.attention.kernels.
             compiled_feature_map`); None follows the environment variable ``NALA_GEN_COMPILE=1``.
@@ -123,7 +128,10 @@ def linear_attention(
     _check(q, k, v)
     if compile is None:
         compile = os.environ.get("NALA_GEN_COMPILE", "0").lower() in ("1", "true", "yes")
-    phi = compiled_feature_map(kernel) if compile else feature_map(kernel)
+    spec = kernel_spec(kernel)
+    phi = compiled_feature_map(kernel) if compile else spec.features
+    k = safe_keys(kernel, k, **kernel_options)
+    eps_total = spec.denominator_eps * k.shape[-2]
     kv, k_sum = None, None
     for start in range(0, k.shape[-2], chunk_size):
         stop = start + chunk_size
@@ -138,7 +146,7 @@ def linear_attention(
     for start in range(0, q.shape[-2], chunk_size):
         stop = start + chunk_size
         phi_q = phi(q[..., start:stop, :], True, **kernel_options)
-        denominator = (phi_q * k_sum).sum(dim=-1, keepdim=True).clamp_min_(_TINY)
+        denominator = (phi_q * k_sum).sum(dim=-1, keepdim=True).add_(eps_total).clamp_min_(_TINY)
         numerator = _rotate(phi_q, _rope_slice(rope, start, stop)) @ kv
         out[..., start:stop, :] = numerator.div_(denominator)
     return out
@@ -148,16 +156,19 @@ def attention_weights(q: Tensor, k: Tensor, kernel: str = "nala", rope: Rope | N
     """The explicit (B, heads, N_q, N_k) weight matrix, float32. O(N^2) memory: tests and diagnostics.
 
     With RoPE the numerator weights are returned (rows normalised by the unrotated features, as in
-    :func:`linear_attention`); without it every weight is >= 0 and each row sums to one.
+    :func:`linear_attention`): they can be negative and rows need not sum to one. Without it every weight is
+    >= 0 and each row sums to one (for ``nala_split`` up to the release's epsilon, 1e-6 per key).
     """
     if kernel in SOFTMAX_KERNELS:
         q, k = upcast(q), upcast(k)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]), dim=-1)
-    phi = feature_map(kernel)
-    phi_q, phi_k = phi(q, True, **kernel_options), phi(k, False, **kernel_options)
-    denominator = (phi_q @ phi_k.transpose(-2, -1)).sum(dim=-1, keepdim=True).clamp_min(_TINY)
+    spec = kernel_spec(kernel)
+    k = safe_keys(kernel, k, **kernel_options)
+    phi_q, phi_k = spec.features(q, True, **kernel_options), spec.features(k, False, **kernel_options)
+    scores = phi_q @ phi_k.transpose(-2, -1)
+    denominator = (scores.sum(dim=-1, keepdim=True) + spec.denominator_eps * k.shape[-2]).clamp_min(_TINY)
     return (_rotate(phi_q, rope) @ _rotate(phi_k, rope).transpose(-2, -1)) / denominator
 
 

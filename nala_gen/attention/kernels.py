@@ -9,29 +9,37 @@ attention weight of query t on key j is ``phi(q_t) . phi(k_j) / sum_j' phi(q_t) 
 * the power ``p(q) = lam * (tau + tanh(n))`` is applied **elementwise** as an exponent to ``|u_i|``, so a
   longer query gives a peakier feature (lower entropy) - the norm information linear attention otherwise
   cancels;
-* each direction component maps to an angle ``theta(x) = (pi / 4) * tanh(s * x)`` with ``s = sqrt(d)``
-  (components of a unit vector are ~1/sqrt(d)) and to the 2-vector ``m * (cos theta, sin theta)``;
-* keys use the same cosine map with the fixed power ``lam`` on the key *direction*: ``m_k,i = |dir(k)_i|^lam``.
+* each direction component maps to an angle ``theta(x) = (pi / 4) * tanh(s * x)`` and to the 2-vector
+  ``m * (cos theta, sin theta)``. The paper writes ``s = 1`` (the default); ``angle_scale="sqrt_d"`` is our
+  option that spreads the angles of unit-vector components (~1/sqrt(d)) over the whole tanh;
+* keys use the same cosine map with the fixed power ``lam``: ``key_map="raw"`` is the paper's ``k^lam``
+  (magnitude ``|k_i|^lam``, so a longer key weighs more), ``key_map="direction"`` uses ``|dir(k)_i|^lam``
+  (a key's norm is ignored, as in QK-normalised transformers). The default is chosen by an equal-budget
+  training comparison (README, "Differences from the paper").
 
 Then ``phi(q) . phi(k) = sum_i m_q,i m_k,i cos(theta_q,i - theta_k,i) >= 0`` since the angles differ by less
 than pi/2: opposite signs are damped, not deleted as with ReLU.
 
-Why the key direction and not ``|k_i|^lam``: features then lie in [0, 1] for any input, so huge keys
-cannot overflow in fp32 and no epsilon is needed to keep rows summing to one. The trade is that a key's
-norm no longer weights it (as with QK-normalised transformers); salience comes from its direction only.
+``nala_split`` is the released NaLaFormer code's map: ``[ReLU(u)^p, ReLU(-u)^p]`` for queries,
+``[ReLU(k)^3, ReLU(-k)^3]`` for raw keys, normalised by ``phi(q) . mean_j phi(k_j) + 1e-6``.
+
+Raw key powers overflow fp32 for huge keys; since such a map is homogeneous in k (every key scaled by s scales
+every weight's numerator and denominator by s^lam), the ops divide all keys by their largest component first
+when it exceeds :data:`RAW_KEY_LIMIT`, which leaves the weights unchanged.
 
 Kernels return float32 features for half/bf16/fp32 inputs (float64 stays float64, for gradcheck).
 
 In eager PyTorch the NaLa map is a dozen elementwise passes (norm, power, sigmoid, cos, sin, products); at 70K
 tokens on a CPU that costs more than the matmuls. :func:`compiled_feature_map` fuses it with ``torch.compile``
-into one pass per input (about 5x faster here), at a one-off compile cost of tens of seconds per process:
-worth it for long jobs (training, large images), opt-in for everything else.
+into one pass per input, at a one-off compile cost of seconds per process: worth it for long jobs (training,
+large images), opt-in for everything else.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -42,20 +50,45 @@ FeatureMap = Callable[..., Tensor]
 # Kernels whose weights are not a dot product of features (computed by SDPA / explicit softmax).
 SOFTMAX_KERNELS = ("softmax",)
 
-_FEATURE_MAPS: dict[str, FeatureMap] = {}
+# Keys whose largest component exceeds this are rescaled before a raw power (see the module docstring).
+RAW_KEY_LIMIT = 1e3
 
 
-def register_kernel(name: str) -> Callable[[FeatureMap], FeatureMap]:
+@dataclass(frozen=True)
+class Kernel:
+    """A registered feature map and what the ops must know about it.
+
+    Attributes:
+        features: ``fn(x, is_query, **options) -> phi(x)``.
+        raw_keys: ``fn(options) -> bool``: the key features are a power of the raw keys (homogeneous in k), so
+            huge keys are rescaled first.
+        denominator_eps: added per key to the denominator (the release's ``mean_j phi(k_j) + eps`` is
+            ``sum_j phi(k_j) + N_k * eps``); 0 for an exact distribution.
+    """
+
+    features: FeatureMap
+    raw_keys: Callable[[dict], bool]
+    denominator_eps: float
+
+
+_KERNELS: dict[str, Kernel] = {}
+
+
+def register_kernel(
+    name: str, raw_keys: bool | Callable[[dict], bool] = False, denominator_eps: float = 0.0
+) -> Callable[[FeatureMap], FeatureMap]:
     """Register ``fn(x, is_query, **options) -> phi(x)`` under ``name``.
 
     Queries and keys are mapped separately (``is_query`` tells which) so callers can stream over chunks of
-    tokens without ever holding all features at once.
+    tokens without ever holding all features at once. See :class:`Kernel` for ``raw_keys`` and
+    ``denominator_eps``.
     """
 
     def wrap(fn: FeatureMap) -> FeatureMap:
-        if name in _FEATURE_MAPS or name in SOFTMAX_KERNELS:
+        if name in _KERNELS or name in SOFTMAX_KERNELS:
             raise ValueError(f"attention kernel {name!r} is already registered")
-        _FEATURE_MAPS[name] = fn
+        raw = raw_keys if callable(raw_keys) else (lambda options, flag=bool(raw_keys): flag)
+        _KERNELS[name] = Kernel(fn, raw, float(denominator_eps))
         return fn
 
     return wrap
@@ -63,14 +96,31 @@ def register_kernel(name: str) -> Callable[[FeatureMap], FeatureMap]:
 
 def kernel_names() -> tuple[str, ...]:
     """Every name accepted by ``linear_attention`` / ``reference_attention``."""
-    return (*_FEATURE_MAPS, *SOFTMAX_KERNELS)
+    return (*_KERNELS, *SOFTMAX_KERNELS)
+
+
+def kernel(name: str) -> Kernel:
+    try:
+        return _KERNELS[name]
+    except KeyError:
+        raise ValueError(f"unknown attention kernel {name!r}; choose one of {', '.join(kernel_names())}") from None
 
 
 def feature_map(name: str) -> FeatureMap:
-    try:
-        return _FEATURE_MAPS[name]
-    except KeyError:
-        raise ValueError(f"unknown attention kernel {name!r}; choose one of {', '.join(kernel_names())}") from None
+    return kernel(name).features
+
+
+def safe_keys(name: str, k: Tensor, **options) -> Tensor:
+    """k (B, heads, N, d), divided by its largest |component| per (B, head) when a raw key power could overflow.
+
+    The weights of a raw-power kernel do not change (see the module docstring); other kernels get k unchanged.
+    """
+    if not kernel(name).raw_keys(options):
+        return k
+    amax = upcast(k).abs().amax(dim=(-2, -1), keepdim=True)
+    if not bool((amax > RAW_KEY_LIMIT).any()):
+        return k
+    return upcast(k) / torch.where(amax > RAW_KEY_LIMIT, amax, torch.ones_like(amax)).detach()
 
 
 _COMPILED: dict[str, FeatureMap] = {}
@@ -96,7 +146,8 @@ def feature_dim(name: str, head_dim: int, **options) -> int:
     """Size F of the features ``name`` produces for heads of size ``head_dim`` (head_dim for softmax)."""
     if name in SOFTMAX_KERNELS:
         return head_dim
-    return feature_map(name)(torch.ones(1, head_dim), False, **options).shape[-1]
+    probe = torch.ones(1, head_dim, device="cpu")  # on the CPU also under a meta-device context
+    return feature_map(name)(probe, False, **options).shape[-1]
 
 
 def direction(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -129,31 +180,72 @@ def query_power(norm: Tensor, lam: float = 3.0, tau: float = 0.5) -> Tensor:
     return lam * (tau + torch.tanh(norm))
 
 
-def cosine_features(unit: Tensor, power: Tensor | float, scale: float) -> Tensor:
-    """(..., d) unit directions -> (..., 2d) features ``|u|^power * (cos theta(u), sin theta(u))``.
+def cosine_features(unit: Tensor, magnitude: Tensor, scale: float) -> Tensor:
+    """(..., d) unit directions and magnitudes -> (..., 2d) features ``m * (cos theta(u), sin theta(u))``.
 
     ``theta = (pi/4) tanh(scale * u)``. tanh is computed as ``2 sigmoid(2y) - 1`` (the same function,
     about 3x faster on CPU).
     """
-    magnitude = unit.abs().pow(power)
     theta = torch.sigmoid(unit * (2 * scale)) * (math.pi / 2) - math.pi / 4
     return torch.cat((magnitude * torch.cos(theta), magnitude * torch.sin(theta)), dim=-1)
 
 
-@register_kernel("nala")
-def nala_features(x: Tensor, is_query: bool, lam: float = 3.0, tau: float = 0.5) -> Tensor:
-    """The paper's NaLa map: norm-aware elementwise power and cosine direction map, 2d features."""
+KEY_MAPS = ("raw", "direction")
+# The default key map of ``nala``: the paper's raw k^lam (see the README for the comparison behind the choice).
+NALA_KEY_MAP = "raw"
+
+
+def _angle_scale(angle_scale: float | str, head_dim: int) -> float:
+    if angle_scale == "sqrt_d":
+        return math.sqrt(head_dim)
+    if isinstance(angle_scale, str) or not math.isfinite(angle_scale) or angle_scale <= 0:
+        raise ValueError(f"angle_scale must be a positive number or 'sqrt_d', got {angle_scale!r}")
+    return float(angle_scale)
+
+
+@register_kernel("nala", raw_keys=lambda options: (options.get("key_map") or NALA_KEY_MAP) == "raw")
+def nala_features(
+    x: Tensor,
+    is_query: bool,
+    lam: float = 3.0,
+    tau: float = 0.5,
+    angle_scale: float | str = 1.0,
+    key_map: str | None = None,
+) -> Tensor:
+    """The paper's NaLa map: norm-aware elementwise power and cosine direction map, 2d features.
+
+    Args:
+        lam, tau: the power ``p(q) = lam * (tau + tanh |q|)``; keys use ``lam``.
+        angle_scale: ``s`` in ``theta = (pi/4) tanh(s * u)``; 1 is the paper's, ``"sqrt_d"`` ours.
+        key_map: ``"raw"`` (``|k_i|^lam``, the paper) or ``"direction"`` (``|dir(k)_i|^lam``); None is
+            :data:`NALA_KEY_MAP`.
+    """
+    key_map = NALA_KEY_MAP if key_map is None else key_map
+    if key_map not in KEY_MAPS:
+        raise ValueError(f"key_map must be one of {', '.join(KEY_MAPS)}, got {key_map!r}")
     norm, unit = direction(x)
-    power = query_power(norm, lam, tau) if is_query else lam
-    return cosine_features(unit, power, math.sqrt(x.shape[-1]))
+    if is_query:
+        magnitude = unit.abs().pow(query_power(norm, lam, tau))
+    elif key_map == "raw":
+        magnitude = upcast(x).abs().pow(lam)
+    else:
+        magnitude = unit.abs().pow(lam)
+    return cosine_features(unit, magnitude, _angle_scale(angle_scale, x.shape[-1]))
 
 
-@register_kernel("nala_split")
+@register_kernel("nala_split", raw_keys=True, denominator_eps=1e-6)
 def nala_split_features(x: Tensor, is_query: bool, lam: float = 3.0, tau: float = 0.5) -> Tensor:
-    """The released NaLaFormer code's map: the same norm-aware power on a ReLU split [u+, u-] (2d)."""
-    norm, unit = direction(x)
-    power = query_power(norm, lam, tau) if is_query else lam
-    return torch.cat((F.relu(unit).pow(power), F.relu(-unit).pow(power)), dim=-1)
+    """The released NaLaFormer code's map (2d features).
+
+    Queries: ``[ReLU(u)^p, ReLU(-u)^p]`` with ``u = q / |q|`` and the norm-aware power p; keys: the raw
+    ``[ReLU(k)^lam, ReLU(-k)^lam]``. Registered with the release's normaliser epsilon (1e-6 on the mean).
+    """
+    if is_query:
+        norm, unit = direction(x)
+        power = query_power(norm, lam, tau)
+        return torch.cat((F.relu(unit).pow(power), F.relu(-unit).pow(power)), dim=-1)
+    x = upcast(x)
+    return torch.cat((F.relu(x).pow(lam), F.relu(-x).pow(lam)), dim=-1)
 
 
 @register_kernel("relu")

@@ -1,9 +1,10 @@
 """Attention and transformer-block modules built on :func:`linear_attention`.
 
-``NaLaAttention`` follows the official NaLaFormer block: q/k/v projections, kernelised attention with
-optional 2-D RoPE on the numerator, LePE (a depthwise conv on v, added to the output) and an output gate
-``LN(o) * SiLU(g)``. The attention type is a constructor argument, so any model built on these modules can
-be ablated by one config value.
+``NaLaAttention`` is the paper's NaLa block, laid out as the released NaLaFormer code lays it: one projection
+to q, k, v and a gate g -> the kernel, with 2-D RoPE on the numerator features -> + LePE (a 5x5 depthwise conv
+on v over the H x W grid) -> ``LayerNorm(o) * SiLU(g)`` -> output projection. Each part is a switch (``rope``,
+``lepe``, ``gate``) so an ablation can take them away one at a time, and the kernel is one name (``softmax``
+gives the release's vanilla-attention twin of the same block). NaLaSR and NaLaDiT both use this module.
 """
 
 from __future__ import annotations
@@ -35,18 +36,23 @@ def map_to_tokens(x: Tensor) -> Tensor:
 
 
 class NaLaAttention(nn.Module):
-    """Multi-head kernelised self-attention over (B, N, C) tokens.
+    """The NaLa block: multi-head kernelised self-attention over (B, N, C) tokens of an H x W grid.
 
     Args:
         dim: channels C (divisible by ``num_heads``).
         num_heads: attention heads.
         attn_type: any name from :func:`~nala_gen.attention.kernel_names` (``nala``, ``nala_split``,
             ``relu``, ``elu1``, ``focused``, ``softmax``).
-        qkv_bias: bias in the q/k/v projection.
-        use_rope: 2-D RoPE when a grid is given (numerator features; q/k for softmax).
-        use_lepe: locally-enhanced positional encoding, a 3x3 depthwise conv on v (needs a grid).
-        use_gate: output gate ``LayerNorm(o) * SiLU(W_g x)``.
-        kernel_options: extra feature-map arguments, e.g. ``{"lam": 3.0, "tau": 0.5}``.
+        out_dim: width of the output projection (default ``dim``; NaLaSR maps back to its token width).
+        qkv_bias: bias in the q/k/v(/g) projection (the release: True).
+        rope: 2-D RoPE on the numerator features (on q, k for softmax) when a grid is given. As in the paper, the
+            denominator stays unrotated, so with RoPE some effective weights are negative and rows need not sum
+            to one (see :func:`~nala_gen.attention.linear_attention`).
+        lepe: locally-enhanced positional encoding, a ``lepe_kernel`` depthwise conv on v added to the output
+            (needs a grid).
+        lepe_kernel: LePE kernel size (the release: 5).
+        gate: output gate ``LayerNorm(o) * SiLU(g)``, g projected with q, k, v.
+        kernel_options: extra feature-map arguments, e.g. ``{"lam": 3.0, "tau": 0.5, "key_map": "raw"}``.
     """
 
     def __init__(
@@ -54,10 +60,12 @@ class NaLaAttention(nn.Module):
         dim: int,
         num_heads: int,
         attn_type: str = "nala",
+        out_dim: int | None = None,
         qkv_bias: bool = True,
-        use_rope: bool = True,
-        use_lepe: bool = True,
-        use_gate: bool = True,
+        rope: bool = True,
+        lepe: bool = True,
+        lepe_kernel: int = 5,
+        gate: bool = True,
         kernel_options: dict | None = None,
     ) -> None:
         super().__init__()
@@ -65,18 +73,19 @@ class NaLaAttention(nn.Module):
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
         if attn_type not in kernel_names():
             raise ValueError(f"unknown attn_type {attn_type!r}; choose one of {', '.join(kernel_names())}")
+        if lepe_kernel % 2 == 0:
+            raise ValueError(f"lepe_kernel must be odd, got {lepe_kernel}")
         self.num_heads = num_heads
         self.attn_type = attn_type
         self.kernel_options = dict(kernel_options or {})
         # Linear kernels rotate their features (2d wide for the cosine/split maps), softmax rotates q, k; 2-D RoPE
         # needs a size divisible by 4. Fixed by the config, so found once here rather than on every forward.
         rope_dim = feature_dim(attn_type, dim // num_heads, **self.kernel_options)
-        self.rope_dim = rope_dim if use_rope and rope_dim % 4 == 0 else None
-        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.lepe = nn.Conv2d(dim, dim, 3, padding=1, groups=dim) if use_lepe else None
-        self.gate = nn.Linear(dim, dim) if use_gate else None
-        self.out_norm = nn.LayerNorm(dim) if use_gate else None
-        self.proj = nn.Linear(dim, dim)
+        self.rope_dim = rope_dim if rope and rope_dim % 4 == 0 else None
+        self.qkvg = nn.Linear(dim, (4 if gate else 3) * dim, bias=qkv_bias)
+        self.lepe = nn.Conv2d(dim, dim, lepe_kernel, padding=lepe_kernel // 2, groups=dim) if lepe else None
+        self.out_norm = nn.LayerNorm(dim) if gate else None
+        self.proj = nn.Linear(dim, out_dim or dim)
 
     def _rope(self, hw: Grid | None, device: torch.device) -> tuple[Tensor, Tensor] | None:
         if self.rope_dim is None or hw is None:
@@ -84,20 +93,20 @@ class NaLaAttention(nn.Module):
         return rope_2d(hw[0], hw[1], self.rope_dim, device=device)
 
     def forward(self, x: Tensor, hw: Grid | None = None) -> Tensor:
-        """x: (B, N, C); hw: the (H, W) grid of the N tokens (enables RoPE and LePE). Returns (B, N, C)."""
+        """x: (B, N, C); hw: the (H, W) grid of the N tokens (enables RoPE and LePE). Returns (B, N, out_dim)."""
         b, n, c = x.shape
         if hw is not None and hw[0] * hw[1] != n:
             raise ValueError(f"{n} tokens do not fill a {hw[0]}x{hw[1]} grid")
         heads = self.num_heads
-        q, k, v = self.qkv(x).reshape(b, n, 3, heads, c // heads).permute(2, 0, 3, 1, 4)
-        rope = self._rope(hw, x.device)
-        out = linear_attention(q, k, v, kernel=self.attn_type, rope=rope, **self.kernel_options)
+        parts = self.qkvg(x).unflatten(-1, (-1, heads, c // heads)).permute(2, 0, 3, 1, 4)  # (3|4, B, h, N, d)
+        q, k, v = parts[0], parts[1], parts[2]
+        out = linear_attention(q, k, v, kernel=self.attn_type, rope=self._rope(hw, x.device), **self.kernel_options)
         out = out.transpose(1, 2).reshape(b, n, c)
         if self.lepe is not None and hw is not None:
             v_map = tokens_to_map(v.transpose(1, 2).reshape(b, n, c), hw)
             out = out + map_to_tokens(self.lepe(v_map))
-        if self.gate is not None:
-            out = self.out_norm(out) * F.silu(self.gate(x))
+        if self.out_norm is not None:
+            out = self.out_norm(out) * F.silu(parts[3].transpose(1, 2).reshape(b, n, c))
         return self.proj(out)
 
 

@@ -23,6 +23,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from nala_gen.cliargs import bounded, interruptible
 from nala_gen.fileio import write_atomic
 
 EPSILON_SCHEDULERS = ("ddpm", "ddim", "dpm")
@@ -53,16 +54,23 @@ def load_pipeline(spec: str):
 def _from_pretrained(folder: Path):
     from diffusers.utils import logging
 
+    from nala_gen.weights import check_finite
+
     from .pipeline import NaLaDiTPipeline
 
     # diffusers' "Loading pipeline components" bar would bury the one line a CLI user needs on stderr.
     enabled = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()
     try:
-        return NaLaDiTPipeline.from_pretrained(folder)
+        pipe = NaLaDiTPipeline.from_pretrained(folder)
     finally:
         if enabled:
             logging.enable_progress_bar()
+    for name in ("transformer", "vae"):
+        component = getattr(pipe, name, None)
+        if component is not None:
+            check_finite(component.state_dict().items(), f"{folder} ({name})")
+    return pipe
 
 
 def set_scheduler(pipe, name: str | None) -> str:
@@ -151,24 +159,29 @@ def sample(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nala-gen sample", description="Class-conditional samples of a NaLaDiT.")
     parser.add_argument("-m", "--model", required=True, help="pipeline folder or named weights (nala-gen models)")
     parser.add_argument("-c", "--class", dest="classes", default="all", help="id, name, comma list, or all")
-    parser.add_argument("--grid", type=int, default=1, help="samples per class, side by side (default 1)")
-    parser.add_argument("--steps", type=int, default=50, help="scheduler steps (default 50)")
-    parser.add_argument("--cfg", type=float, default=1.0, help="classifier-free guidance scale (1: off)")
+    parser.add_argument(
+        "--grid", type=bounded(int, 1, 64), default=1, help="samples per class, side by side (default 1, up to 64)"
+    )
+    parser.add_argument("--steps", type=bounded(int, 1, 1000), default=50, help="scheduler steps (default 50)")
+    parser.add_argument(
+        "--cfg", type=bounded(float, 1, 100), default=1.0, help="classifier-free guidance scale (1: off, up to 100)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--scheduler", choices=[*EPSILON_SCHEDULERS, *FLOW_SCHEDULERS], help="default: the saved one")
     parser.add_argument("--size", type=parse_size, help="sample size PX or HxW (default: the training size)")
-    parser.add_argument("--zoom", type=int, default=1, help="enlarge the written image K times (nearest)")
+    parser.add_argument(
+        "--zoom", type=bounded(int, 1, 32), default=1, help="enlarge the written image K times (nearest, up to 32)"
+    )
     parser.add_argument("-o", "--output", type=Path, default=Path("sample.png"))
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--json", action="store_true", help="print one JSON object (readout) instead of the path")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
-    if args.grid < 1 or args.steps < 1 or args.zoom < 1:
-        parser.error("--grid, --steps and --zoom must be positive")
 
     import torch
     from PIL import Image
 
+    from nala_gen.devices import pick_device
     from nala_gen.weights import WeightsError
 
     try:
@@ -176,7 +189,7 @@ def sample(argv: list[str]) -> int:
         pipe, name = load_pipeline(args.model)
         scheduler = set_scheduler(pipe, args.scheduler)
         classes = parse_classes(args.classes, pipe)
-        device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+        device = pick_device(args.device)
         pipe.to(device)
         pipe.set_progress_bar_config(disable=args.quiet or args.json)
         height, width = args.size or (None, None)
@@ -217,9 +230,11 @@ def sample(argv: list[str]) -> int:
 
 def models(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="nala-gen models", description="List the named diffusion weights.").parse_args(argv)
-    from nala_gen.weights import list_weights
+    from nala_gen.weights import broken_cards, list_weights
 
     cards = list_weights("diffusion")
+    for path, reason in broken_cards():
+        print(f"warning: skipped a broken weight card {path}: {reason}", file=sys.stderr)
     if not cards:
         print("no named diffusion weights installed (train one, then nala-gen export)")
     for card in cards:
@@ -304,11 +319,15 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     command, rest = argv[0], argv[1:]
-    try:
-        return COMMANDS[command](rest)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"nala-gen {command}: error: {err}", file=sys.stderr)
-        return 1
+
+    def run() -> int:
+        try:
+            return COMMANDS[command](rest)
+        except (OSError, ValueError) as err:  # missing or unwritable files, bad values: one line
+            print(f"nala-gen {command}: error: {err}", file=sys.stderr)
+            return 1
+
+    return interruptible(f"nala-gen {command}", run)
 
 
 if __name__ == "__main__":

@@ -2,9 +2,10 @@
 
 Layout (DiT, Peebles & Xie 2023): patchify conv -> + 2-D sin-cos positions -> ``depth`` adaLN-Zero blocks
 conditioned on one vector c = timestep embedding + class embedding -> adaLN final layer -> unpatchify.
-Attention uses diffusers' ``Attention`` module with a :class:`~nala_gen.diffusion.processors.NaLaAttnProcessor`,
-chosen by the config field ``attention_type``: a NaLa model and its softmax twin differ by that one value and
-have identical state dicts.
+Attention is the NaLa block of :class:`~nala_gen.attention.NaLaAttention` (the module NaLaSR uses too: q/k/v/g
+projection, the kernel with 2-D RoPE on the numerator, LePE, the ``LN(o) * SiLU(g)`` gate, projection), its kernel
+chosen by the config field ``attention_type``: a NaLa model and its softmax twin differ by that one value and have
+identical state dicts. ``rope``, ``lepe`` and ``gate`` switch the block's parts (the paper's block: all on).
 
 The same network serves both objectives: DiT (epsilon prediction, timesteps in [0, 1000)) and SiT (flow matching:
 it outputs ``noise - data`` at timestep ``1000 * sigma``), see :mod:`nala_gen.diffusion.pipeline`.
@@ -14,8 +15,7 @@ from __future__ import annotations
 
 import torch
 from diffusers.configuration_utils import ConfigMixin, register_to_config
-from diffusers.models.attention import AttentionMixin, FeedForward
-from diffusers.models.attention_processor import Attention
+from diffusers.models.attention import FeedForward
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
 # ``ModelMixin`` must be an attribute of this module: a pipeline saved with this model records the library as
@@ -23,10 +23,9 @@ from diffusers.models.modeling_outputs import Transformer2DModelOutput
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
-from nala_gen.attention import feature_dim, rope_2d
+from nala_gen.attention import NaLaAttention
 
 from .embeddings import TimestepClassEmbedding, sincos_pos_embed_2d
-from .processors import NaLaAttnProcessor
 
 Tensor = torch.Tensor
 
@@ -49,42 +48,29 @@ class NaLaDiTBlock(nn.Module):
     """adaLN-Zero transformer block: ``x + gate * attn(modulate(LN(x)))``, then the same with an MLP.
 
     The modulation is zero-initialised by the model, so every block starts as the identity (DiT's adaLN-Zero).
+    ``attention_options`` go to :class:`~nala_gen.attention.NaLaAttention` (``attn_type``, ``rope``, ``lepe``,
+    ``gate``, ``kernel_options``).
     """
 
     def __init__(
-        self,
-        hidden_size: int,
-        num_heads: int,
-        mlp_ratio: float,
-        processor: NaLaAttnProcessor,
-        qk_norm: str | None = None,
-        norm_eps: float = 1e-6,
+        self, hidden_size: int, num_heads: int, mlp_ratio: float, norm_eps: float = 1e-6, **attention_options
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
-        self.attn = Attention(
-            query_dim=hidden_size,
-            heads=num_heads,
-            dim_head=hidden_size // num_heads,
-            bias=True,
-            qk_norm=qk_norm,
-            processor=processor,
-        )
+        self.attn = NaLaAttention(hidden_size, num_heads, **attention_options)
         self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
         inner = int(hidden_size * mlp_ratio)
         self.ff = FeedForward(hidden_size, activation_fn="gelu-approximate", inner_dim=inner)
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size))
 
-    def forward(self, x: Tensor, c: Tensor, rope: tuple[Tensor, Tensor] | None = None) -> Tensor:
-        """x (B, N, C) tokens, c (B, C) conditioning, optional RoPE tables -> (B, N, C)."""
+    def forward(self, x: Tensor, c: Tensor, grid: tuple[int, int]) -> Tensor:
+        """x (B, N, C) tokens of a ``grid`` (H, W) of patches, c (B, C) conditioning -> (B, N, C)."""
         shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(6, dim=-1)
-        # Pass rope only when used: diffusers warns about kwargs a (user-set) processor does not accept.
-        attn_kwargs = {} if rope is None else {"rope": rope}
-        x = x + gate_msa[:, None] * self.attn(_modulate(self.norm1(x), shift_msa, scale_msa), **attn_kwargs)
+        x = x + gate_msa[:, None] * self.attn(_modulate(self.norm1(x), shift_msa, scale_msa), grid)
         return x + gate_mlp[:, None] * self.ff(_modulate(self.norm2(x), shift_mlp, scale_mlp))
 
 
-class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin, AttentionMixin):
+class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
     """Class-conditional diffusion transformer with NaLa (or any ``nala_gen`` kernel) self-attention.
 
     Args:
@@ -98,9 +84,10 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin, AttentionMixin):
         learn_sigma: also output the (DDPM learned-range) variance, so ``out_channels = 2 * in_channels``.
         attention_type: attention kernel: ``nala``, ``nala_split``, ``relu``, ``elu1``, ``focused`` or ``softmax``.
         attention_kernel_options: feature-map arguments, e.g. ``{"lam": 3.0, "tau": 0.5}``.
-        qk_norm: optional per-head q/k norm of diffusers' ``Attention`` (``"layer_norm"``, ``"rms_norm"``...).
-        use_rope: 2-D RoPE on the attention (on the kernel features; on q/k for softmax) besides the absolute
+        rope: the block's 2-D RoPE (on the kernel's numerator features; on q/k for softmax), besides the absolute
             positions.
+        lepe: the block's 5x5 depthwise LePE on v over the patch grid.
+        gate: the block's ``LN(o) * SiLU(g)`` output gate.
         interpolate_pos_embed: at a grid other than the training one, scale positions so that the longer side
             spans the training grid (PixArt-style); False keeps one position per patch (extrapolation).
         norm_eps: epsilon of the (affine-free) LayerNorms.
@@ -125,8 +112,9 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin, AttentionMixin):
         learn_sigma: bool = True,
         attention_type: str = "nala",
         attention_kernel_options: dict | None = None,
-        qk_norm: str | None = None,
-        use_rope: bool = False,
+        rope: bool = True,
+        lepe: bool = True,
+        gate: bool = True,
         interpolate_pos_embed: bool = False,
         norm_eps: float = 1e-6,
     ) -> None:
@@ -138,11 +126,15 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin, AttentionMixin):
 
         self.x_embedder = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size)
         self.embedder = TimestepClassEmbedding(hidden_size, num_classes)
-        # One stateless processor shared by all blocks.
-        processor = NaLaAttnProcessor(attention_type, **(attention_kernel_options or {}))
+        attention = {
+            "attn_type": attention_type,
+            "kernel_options": attention_kernel_options,
+            "rope": rope,
+            "lepe": lepe,
+            "gate": gate,
+        }
         self.blocks = nn.ModuleList(
-            NaLaDiTBlock(hidden_size, num_attention_heads, mlp_ratio, processor, qk_norm, norm_eps)
-            for _ in range(depth)
+            NaLaDiTBlock(hidden_size, num_attention_heads, mlp_ratio, norm_eps, **attention) for _ in range(depth)
         )
         self.norm_out = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
         self.adaLN_out = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size))
@@ -185,11 +177,6 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin, AttentionMixin):
             scale = (self.config.sample_size // self.config.patch_size) / max(grid_h, grid_w)
         return sincos_pos_embed_2d(self.config.hidden_size, grid_h, grid_w, scale, device)
 
-    def _rope(self, grid_h: int, grid_w: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        head_dim = self.config.hidden_size // self.config.num_attention_heads
-        options = self.config.attention_kernel_options or {}
-        return rope_2d(grid_h, grid_w, feature_dim(self.config.attention_type, head_dim, **options), device=device)
-
     def forward(
         self,
         hidden_states: Tensor,
@@ -220,13 +207,12 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin, AttentionMixin):
         x = x + self._pos_embed(grid_h, grid_w, device).to(x.dtype)
         timestep = torch.as_tensor(timestep, device=device).float().reshape(-1).expand(batch)
         c = self.embedder(timestep, class_labels.to(device).reshape(-1), x.dtype)
-        rope = self._rope(grid_h, grid_w, device) if self.config.use_rope else None
 
         for block in self.blocks:
             if torch.is_grad_enabled() and self.gradient_checkpointing:
-                x = self._gradient_checkpointing_func(block, x, c, rope)
+                x = self._gradient_checkpointing_func(block, x, c, (grid_h, grid_w))
             else:
-                x = block(x, c, rope)
+                x = block(x, c, (grid_h, grid_w))
 
         shift, scale = self.adaLN_out(c).chunk(2, dim=-1)
         x = self.proj_out(_modulate(self.norm_out(x), shift, scale))  # (B, N, p * p * C_out)

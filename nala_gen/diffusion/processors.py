@@ -1,21 +1,37 @@
-"""Attention processors that run :func:`~nala_gen.attention.linear_attention` inside diffusers' ``Attention``.
+"""Attention processors that run :func:`~nala_gen.attention.linear_attention` inside diffusers' attention modules.
 
-``NaLaAttnProcessor(kernel)`` is a drop-in for diffusers' ``AttnProcessor2_0``: it reuses the module's own
-projections (``to_q/to_k/to_v``, optional ``norm_q/norm_k``, ``to_out``) and only replaces the attention op, so a
-pretrained softmax model can be switched to NaLa (``linearize``) and a NaLa model ablated back to softmax without
-touching any weight. With ``kernel="softmax"`` the processor computes exactly what ``AttnProcessor2_0`` does.
+``NaLaAttnProcessor(kernel)`` is a drop-in for diffusers' ``AttnProcessor2_0`` (and HunyuanDiT's processor): it
+reuses the module's own projections (``to_q/to_k/to_v``, optional ``norm_q/norm_k``, ``to_out``) and only replaces
+the attention op, so a pretrained softmax model can be switched to NaLa (``linearize``) without touching any weight.
+With ``kernel="softmax"`` it computes exactly what ``AttnProcessor2_0`` does. ``NaLaJointAttnProcessor`` does the
+same for joint text-image attention: SD3's ``JointAttnProcessor2_0`` and Flux's ``FluxAttnProcessor``.
+
+A model's rotary embedding (``image_rotary_emb``: HunyuanDiT, Flux) is kept: for a linear kernel it rotates the
+numerator features with the model's own frequencies (see :func:`rope_from_rotary`), as NaLa's 2-D RoPE does.
 
 The processors hold no parameters: a model's state dict is the same whatever processor it runs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
-from diffusers.models.attention_processor import Attention
+from diffusers.models.attention import AttentionModuleMixin
+from diffusers.models.attention_processor import (
+    Attention,
+    AttnProcessor,
+    AttnProcessor2_0,
+    HunyuanAttnProcessor2_0,
+    JointAttnProcessor2_0,
+    SanaLinearAttnProcessor2_0,
+)
+from diffusers.models.embeddings import apply_rotary_emb
+from diffusers.models.transformers.transformer_flux import FluxAttention, FluxAttnProcessor
 from torch import nn
 
-from nala_gen.attention import apply_rope, kernel_names, linear_attention
+from nala_gen.attention import apply_rope, feature_dim, kernel_names, linear_attention
 
 Tensor = torch.Tensor
 Rope = tuple[Tensor, Tensor]
@@ -44,6 +60,40 @@ def _qk_norm(norm: nn.Module | None, x: Tensor, heads: int, head_dim: int) -> Te
     return x
 
 
+def _rotary_tables(rotary: tuple[Tensor, Tensor], head_dim: int) -> tuple[Tensor, Tensor, bool]:
+    """Check diffusers' real rotary ``(cos, sin)`` (each (N, head_dim)); returns them in fp32 and whether the pairs
+    are interleaved (channels 2i, 2i+1: Flux, HunyuanDiT) rather than halves (i, i + head_dim / 2)."""
+    if not (isinstance(rotary, tuple | list) and len(rotary) == 2 and all(torch.is_tensor(t) for t in rotary)):
+        raise ValueError("only real (cos, sin) rotary embeddings are supported by the NaLa processors")
+    cos, sin = (t.float() for t in rotary)
+    if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[-1] != head_dim:
+        raise ValueError(f"rotary tables of shape {tuple(cos.shape)} do not fit heads of size {head_dim}")
+    interleaved = torch.equal(cos[:, 0::2], cos[:, 1::2]) and torch.equal(sin[:, 0::2], sin[:, 1::2])
+    return cos, sin, interleaved
+
+
+def rotate_like_the_model(x: Tensor, rotary: tuple[Tensor, Tensor]) -> Tensor:
+    """Apply a model's rotary embedding to (B, heads, N, head_dim) queries or keys exactly as the model does."""
+    cos, sin, interleaved = _rotary_tables(rotary, x.shape[-1])
+    return apply_rotary_emb(x, (cos, sin), use_real_unbind_dim=-1 if interleaved else -2)
+
+
+def rope_from_rotary(rotary: tuple[Tensor, Tensor], head_dim: int, kernel: str, **kernel_options) -> Rope:
+    """diffusers' real rotary tables -> :func:`~nala_gen.attention.apply_rope` tables for a linear kernel's features.
+
+    The model's ``(cos, sin)`` rotate pairs of q/k channels, one angle per pair; here each pair's angle rotates the
+    features of the channels it covers (NaLa's cosine map: the 2-vector of each channel; ReLU-like maps: pairs of
+    features), numerator only, as NaLa's own 2-D RoPE does. (Softmax uses :func:`rotate_like_the_model`.)
+    """
+    cos, sin, interleaved = _rotary_tables(rotary, head_dim)
+    angles_cos, angles_sin = (t[:, 0::2] if interleaved else t[:, : head_dim // 2] for t in (cos, sin))
+    size = feature_dim(kernel, head_dim, **kernel_options)
+    repeat = size // 2 // angles_cos.shape[-1]
+    if size % 2 or repeat < 1 or repeat * angles_cos.shape[-1] != size // 2:
+        raise ValueError(f"cannot map a rotary embedding of {head_dim} channels onto {size} {kernel} features")
+    return angles_cos.repeat_interleave(repeat, -1), angles_sin.repeat_interleave(repeat, -1)
+
+
 def _key_keep_mask(attention_mask: Tensor, batch: int, n_keys: int) -> Tensor:
     """A key-padding mask, (B, N_k) or (B, 1, N_k), boolean or additive (0 keep, large negative drop) -> (B, N_k)."""
     mask = attention_mask
@@ -67,7 +117,9 @@ class NaLaAttnProcessor:
         **kernel_options: feature-map arguments, e.g. ``lam=3.0, tau=0.5`` for ``nala``.
 
     Call with ``hidden_states`` (B, N, C) or (B, C, H, W), optional ``encoder_hidden_states`` (B, M, C') for
-    cross-attention, and optional ``rope`` (cos, sin) tables sized for the kernel's feature dimension.
+    cross-attention, optional ``rope`` (cos, sin) tables sized for the kernel's feature dimension, or the model's
+    ``image_rotary_emb`` (diffusers' real (cos, sin), HunyuanDiT), kept through :func:`rope_from_rotary` (self-
+    attention only: HunyuanDiT rotates only the queries of cross-attention, which no linear form can).
     ``attention_mask``: any mask with ``softmax`` (as AttnProcessor2_0); key-padding masks only with linear
     kernels, run per sample on the kept keys (a linear form has no per-(query, key) weights to mask).
     """
@@ -83,14 +135,22 @@ class NaLaAttnProcessor:
         options = "".join(f", {k}={v!r}" for k, v in self.kernel_options.items())
         return f"{type(self).__name__}(kernel={self.kernel!r}{options})"
 
+    def rotary(self, q: Tensor, k: Tensor, image_rotary_emb: Rope) -> tuple[Tensor, Tensor, Rope | None]:
+        """(q, k, rope) that keep a model's rotary embedding: softmax rotates q and k as the model does; a linear
+        kernel gets the model's angles as feature RoPE (:func:`rope_from_rotary`)."""
+        if self.kernel == "softmax":
+            return rotate_like_the_model(q, image_rotary_emb), rotate_like_the_model(k, image_rotary_emb), None
+        return q, k, rope_from_rotary(image_rotary_emb, q.shape[-1], self.kernel, **self.kernel_options)
+
     def _attend(self, attn: Attention, q: Tensor, k: Tensor, v: Tensor, rope: Rope | None, mask: Tensor | None):
         """(B, heads, N, d) q, k, v -> (B, heads, N_q, d)."""
         if self.kernel == "softmax":
             # SDPA's default scale is head_dim**-0.5; modules built with another scale (scale_qk=False) get it by
             # rescaling q, which is what softmax(scale * q k^T) means.
             default_scale = q.shape[-1] ** -0.5
-            if abs(attn.scale - default_scale) > 1e-12:
-                q = q * (attn.scale / default_scale)
+            scale = getattr(attn, "scale", default_scale)  # Flux's attention has none: always the default
+            if abs(scale - default_scale) > 1e-12:
+                q = q * (scale / default_scale)
             if mask is None:
                 return linear_attention(q, k, v, kernel="softmax", rope=rope)
             if rope is not None:
@@ -118,7 +178,7 @@ class NaLaAttnProcessor:
         attention_mask: Tensor | None = None,
         temb: Tensor | None = None,
         rope: Rope | None = None,
-        **kwargs,
+        image_rotary_emb: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         residual = hidden_states
         if attn.spatial_norm is not None:
@@ -149,6 +209,10 @@ class NaLaAttnProcessor:
             k = k.repeat_interleave(heads // kv_heads, dim=1)
             v = v.repeat_interleave(heads // kv_heads, dim=1)
 
+        if image_rotary_emb is not None:
+            if rope is not None or k.shape[-2] != q.shape[-2]:
+                raise ValueError("image_rotary_emb is supported for self-attention without another rope only")
+            q, k, rope = self.rotary(q, k, image_rotary_emb)
         out = self._attend(attn, q, k, v, rope, attention_mask)
         hidden_states = out.transpose(1, 2).flatten(2).to(query.dtype)
         hidden_states = attn.to_out[0](hidden_states)
@@ -161,40 +225,147 @@ class NaLaAttnProcessor:
         return hidden_states / attn.rescale_output_factor
 
 
-def is_self_attention(module: nn.Module) -> bool:
-    """True for diffusers ``Attention`` modules that attend over their own tokens only.
+class NaLaJointAttnProcessor(NaLaAttnProcessor):
+    """Kernelised joint attention over image and text tokens: SD3 (``Attention`` with added projections) and Flux
+    (``FluxAttention``, with or without text: its single blocks).
 
-    Cross-attention (``is_cross_attention``) and joint attention with added text projections (``added_kv_proj_dim``,
-    SD3/Flux style) are left out: their keys are not (only) the image tokens.
+    Reproduces ``JointAttnProcessor2_0`` / ``FluxAttnProcessor`` with the attention op replaced: each stream is
+    projected and normalised with its own layers, the streams are concatenated (SD3: image first; Flux: text first),
+    attend jointly, and are split and projected back. Flux's rotary embedding covers the joint sequence and is kept
+    (:func:`rope_from_rotary`). Masks are refused (a linear form cannot mask per query and key).
     """
-    return (
-        isinstance(module, Attention)
-        and not module.is_cross_attention
-        and module.added_kv_proj_dim is None
-        and not module.only_cross_attention
-    )
+
+    def __call__(
+        self,
+        attn: nn.Module,
+        hidden_states: Tensor,
+        encoder_hidden_states: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        image_rotary_emb: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor | tuple[Tensor, Tensor]:
+        if attention_mask is not None:
+            raise ValueError("NaLaJointAttnProcessor does not take an attention mask")
+        flux = isinstance(attn, FluxAttention)
+        fused = flux and attn.fused_projections
+        heads = attn.heads
+        if fused:
+            query, key, value = attn.to_qkv(hidden_states).chunk(3, dim=-1)
+        else:
+            query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        head_dim = query.shape[-1] // heads
+        q, k, v = (_heads(x, heads, head_dim) for x in (query, key, value))
+        q, k = _norm(attn.norm_q, q), _norm(attn.norm_k, k)
+        n_image = q.shape[-2]
+        joint = encoder_hidden_states is not None and attn.added_kv_proj_dim is not None
+        if joint:
+            if fused:
+                text = attn.to_added_qkv(encoder_hidden_states).chunk(3, dim=-1)
+            else:
+                text = (proj(encoder_hidden_states) for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+            tq, tk, tv = (_heads(x, heads, head_dim) for x in text)
+            tq, tk = _norm(attn.norm_added_q, tq), _norm(attn.norm_added_k, tk)
+            streams = ((tq, q), (tk, k), (tv, v)) if flux else ((q, tq), (k, tk), (v, tv))
+            q, k, v = (torch.cat(pair, dim=-2) for pair in streams)
+        rope = None
+        if image_rotary_emb is not None:
+            q, k, rope = self.rotary(q, k, image_rotary_emb)
+        out = self._attend(attn, q, k, v, rope, None).transpose(1, 2).flatten(2).to(query.dtype)
+        if not joint:
+            # Flux's processor returns a text-free call's output unprojected (its single blocks project it together
+            # with their MLP); SD3's projects it.
+            return out if flux else attn.to_out[1](attn.to_out[0](out))
+        n_text = out.shape[1] - n_image
+        text_out, image_out = (out[:, :n_text], out[:, n_text:]) if flux else (out[:, n_image:], out[:, :n_image])
+        image_out = attn.to_out[1](attn.to_out[0](image_out.contiguous()))
+        if flux or not attn.context_pre_only:
+            text_out = attn.to_add_out(text_out.contiguous())
+        return image_out, text_out
 
 
-def linearize(model: nn.Module, kernel: str = "nala", **kernel_options) -> list[str]:
-    """Swap the self-attention processors of a diffusers model for ``NaLaAttnProcessor(kernel)``, in place.
+def _heads(x: Tensor, heads: int, head_dim: int) -> Tensor:
+    """(B, N, heads * head_dim) -> (B, heads, N, head_dim)."""
+    return x.unflatten(-1, (heads, head_dim)).transpose(1, 2)
 
-    Cross-attention keeps its processor. Weights are untouched, so the result is the same network with another
+
+def _norm(norm: nn.Module | None, x: Tensor) -> Tensor:
+    """A per-head q/k norm on (B, heads, N, head_dim), or x itself."""
+    return x if norm is None else norm(x)
+
+
+# Processors whose computation the NaLa processors reproduce with another attention op.
+PLAIN_PROCESSORS = (AttnProcessor, AttnProcessor2_0, HunyuanAttnProcessor2_0, SanaLinearAttnProcessor2_0)
+JOINT_PROCESSORS = (JointAttnProcessor2_0, FluxAttnProcessor)
+
+
+@dataclass
+class LinearizeReport:
+    """What :func:`linearize` did: the modules swapped (the joint ones among them) and, for each module left alone,
+    why."""
+
+    kernel: str
+    swapped: list[str] = field(default_factory=list)
+    joint: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        head = f"linearize({self.kernel!r}): {len(self.swapped)} swapped ({len(self.joint)} joint), "
+        lines = [head + f"{len(self.skipped)} left alone"]
+        lines += [f"  skipped {name}: {why}" for name, why in self.skipped.items()]
+        return "\n".join(lines)
+
+
+def _skip_reason(module: nn.Module) -> str | None:
+    """Why a diffusers attention module is not swapped, or None when it is."""
+    processor = getattr(module, "processor", None)
+    if isinstance(module, Attention) and (module.is_cross_attention or module.only_cross_attention):
+        return "cross-attention: its keys are the text, not the image tokens"
+    if isinstance(processor, NaLaAttnProcessor):
+        return None
+    if isinstance(module, FluxAttention):
+        return None if isinstance(processor, FluxAttnProcessor) else f"custom processor {type(processor).__name__}"
+    if not isinstance(module, Attention):
+        return f"{type(module).__name__} is not an attention class the NaLa processors support"
+    if isinstance(processor, JOINT_PROCESSORS + PLAIN_PROCESSORS):
+        return None
+    return f"processor {type(processor).__name__} is not one the NaLa processors reproduce"
+
+
+def linearize(model: nn.Module, kernel: str = "nala", **kernel_options) -> LinearizeReport:
+    """Swap the self- and joint attention of a diffusers model for the NaLa processors with ``kernel``, in place.
+
+    Self-attention (``Attention`` running ``AttnProcessor2_0``, HunyuanDiT's or Sana's processor) gets
+    :class:`NaLaAttnProcessor`, keeping the model's rotary embedding; joint text-image attention (SD3, Flux) gets
+    :class:`NaLaJointAttnProcessor`. Cross-attention, custom processors and attention classes the processors do not
+    reproduce are left alone and reported. Weights are untouched, so the result is the same network with another
     attention op (to be fine-tuned). Processors are not saved with the weights: after ``from_pretrained`` call
     ``linearize`` again.
 
     Returns:
-        The names (as in ``model.named_modules()``) of the swapped ``Attention`` modules.
+        A :class:`LinearizeReport`: swapped module names (as in ``model.named_modules()``), the joint ones among
+        them, and each skipped module with its reason.
     """
-    processor = NaLaAttnProcessor(kernel, **kernel_options)
-    swapped = []
+    plain, joint = NaLaAttnProcessor(kernel, **kernel_options), NaLaJointAttnProcessor(kernel, **kernel_options)
+    report = LinearizeReport(kernel)
     for name, module in model.named_modules():
-        if is_self_attention(module):
-            module.set_processor(processor)
-            swapped.append(name)
-    return swapped
+        if not isinstance(module, AttentionModuleMixin | Attention):
+            continue
+        reason = _skip_reason(module)
+        if reason is not None:
+            report.skipped[name] = reason
+            continue
+        is_joint = isinstance(module, FluxAttention) or module.added_kv_proj_dim is not None
+        module.set_processor(joint if is_joint else plain)
+        report.swapped.append(name)
+        if is_joint:
+            report.joint.append(name)
+    return report
 
 
 def attention_processors(model: nn.Module) -> dict[str, object]:
-    """``{module name: processor}`` of every diffusers ``Attention`` in ``model`` (also for models without
-    ``AttentionMixin.attn_processors``, e.g. ``DiTTransformer2DModel``)."""
-    return {name: module.processor for name, module in model.named_modules() if isinstance(module, Attention)}
+    """``{module name: processor}`` of every diffusers attention module in ``model`` (``Attention``, Flux's, ...;
+    also for models without ``AttentionMixin.attn_processors``, e.g. ``DiTTransformer2DModel``)."""
+    return {
+        name: module.processor
+        for name, module in model.named_modules()
+        if isinstance(module, AttentionModuleMixin | Attention)
+    }

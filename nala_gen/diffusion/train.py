@@ -68,6 +68,14 @@ def checkpoint_dirs(output_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[5:]))
 
 
+def remove_stale_temporaries(output_dir: Path) -> list[Path]:
+    """Delete the ``.step_N.tmp`` / ``.pipeline.tmp`` folders a killed run left behind (never read); returns them."""
+    stale = [*(output_dir / "checkpoints").glob(".step_*.tmp"), *output_dir.glob(".pipeline.tmp")]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
+
+
 def find_resume(output_dir: Path, resume: str | None) -> Path | None:
     """``latest`` -> the newest checkpoint (None if there is none yet); a path -> that checkpoint folder."""
     if not resume:
@@ -274,6 +282,7 @@ def train(config: TrainConfig, resume: str | None = None, progress: bool = True)
     log_path = output_dir / "log.jsonl"
     if accelerator.is_main_process:
         output_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_temporaries(output_dir)
         (output_dir / "config.yml").write_text(yaml.safe_dump(config.as_dict(), sort_keys=False))
         trim_log(log_path, step)
     accelerator.print(

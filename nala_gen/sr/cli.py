@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+from nala_gen.cliargs import bounded, interruptible
+
 
 def _scales(text: str) -> list[int]:
     scales = [int(s) for s in text.split(",")]
@@ -34,7 +36,7 @@ def prepare(argv: list[str]) -> int:
     sub = parser.add_subparsers(dest="what", required=True)
     mini = sub.add_parser("mini", help="the embedded set from scikit-image / scikit-learn photos")
     mini.add_argument("out", nargs="?", type=Path, default=Path("datasets/mini"))
-    mini.add_argument("--limit", type=int, help="only the first N images of each split")
+    mini.add_argument("--limit", type=bounded(int, 1), help="only the first N images of each split")
     div2k = sub.add_parser("div2k", help="DIV2K sub-images and bicubic LR (ROOT/DIV2K_train_HR must exist)")
     div2k.add_argument("root", type=Path)
     div2k.add_argument("--crop", type=int, default=480)
@@ -56,6 +58,11 @@ def prepare(argv: list[str]) -> int:
     else:
         counts = data.prepare_benchmark(args.hr_dir, args.out, args.scales)
         where = args.out
+    if not sum(counts.values()):
+        print(
+            f"nala-sr prepare: error: no images were written under {where} (no readable images found)", file=sys.stderr
+        )
+        return 1
     print(f"wrote {', '.join(f'{v} {k}' for k, v in counts.items())} under {where}")
     return 0
 
@@ -75,9 +82,12 @@ def _tile(text: str) -> int | str:
     if text == "auto":
         return text
     try:
-        return int(text)
+        tile = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError("tile must be 'auto', 0 (whole image) or a size in pixels") from None
+        tile = -1
+    if tile < 0:  # the engine checks the smallest useful size
+        raise argparse.ArgumentTypeError("tile must be 'auto', 0 (whole image) or a size in pixels")
+    return tile
 
 
 def collect_inputs(specs: list[str]) -> list[Path]:
@@ -108,12 +118,33 @@ def output_path(src: Path, args: argparse.Namespace, single: bool, img_suffix: s
     return out / name
 
 
+def output_clash(inputs: list[Path], args: argparse.Namespace) -> str | None:
+    """Why the inputs' outputs would overwrite one another (checked before any work), or None.
+
+    Outputs are compared without their suffix (the format is only known once an image is read), so two inputs
+    that would write ``out/a_x4.*`` are refused whatever their formats.
+    """
+    from .imageio import IMAGE_SUFFIXES
+
+    if args.output is not None and len(inputs) > 1 and Path(args.output).suffix.lower() in IMAGE_SUFFIXES:
+        return f"-o {args.output} names one file, but {len(inputs)} images were given: give a folder"
+    seen: dict[Path, Path] = {}
+    for src in inputs:
+        stem = output_path(src, args, len(inputs) == 1, "").resolve()
+        if stem in seen:
+            return f"{seen[stem]} and {src} would both write {stem}.*: rename one or upscale them separately"
+        seen[stem] = src
+    return None
+
+
 def output_suffix(src: Path, ext: str, img) -> str:
     """``auto`` keeps the input's format unless it cannot hold the result (JPEG with alpha or 16-bit)."""
+    from .imageio import has_alpha
+
     if ext != "auto":
         return f".{ext}"
     suffix = src.suffix.lower()
-    lossy_only = suffix in (".jpg", ".jpeg") and (img.dtype.itemsize > 1 or (img.ndim == 3 and img.shape[2] == 4))
+    lossy_only = suffix in (".jpg", ".jpeg") and (img.dtype.itemsize > 1 or has_alpha(img))
     return ".png" if lossy_only or suffix not in (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff") else suffix
 
 
@@ -124,26 +155,40 @@ def upscale(argv: list[str]) -> int:
     parser.add_argument("-s", "--scale", type=int, default=4, help="model scale (default 4)")
     parser.add_argument("-m", "--model", help="named weights (nala-sr models), a .safetensors/.json, or a .pth")
     parser.add_argument("--opt", help="BasicSR option file describing a .pth checkpoint's network")
-    parser.add_argument("--outscale", type=float, help="final scale, e.g. 3.5 (model scale, then Lanczos)")
+    parser.add_argument(
+        "--outscale", type=bounded(float, 0, 32, low_inclusive=False), help="final scale, e.g. 3.5 (up to 32)"
+    )
     parser.add_argument("-t", "--tile", type=_tile, default="auto", help="auto (memory budget), 0 (off) or pixels")
-    parser.add_argument("--tile-pad", type=int, default=16, help="overlap between tiles, input pixels (blended)")
-    parser.add_argument("--memory-budget-mb", type=float, help="memory for --tile auto (default: half of free)")
+    parser.add_argument(
+        "--tile-pad", type=bounded(int, 0, 256), default=16, help="overlap between tiles, input pixels (blended)"
+    )
+    parser.add_argument(
+        "--memory-budget-mb", type=bounded(float, 1), help="memory for --tile auto (default: half of free)"
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
     parser.add_argument("--alpha", default="model", choices=["model", "bicubic"], help="how alpha is upscaled")
     parser.add_argument("--suffix", help="added to output names (default _x<outscale>)")
     parser.add_argument("--ext", default="auto", choices=["auto", "png", "jpg", "webp"])
-    parser.add_argument("--max-pixels", type=int, default=50_000_000, help="refuse larger inputs (pixels)")
+    parser.add_argument("--max-pixels", type=bounded(int, 4), default=50_000_000, help="refuse larger inputs (pixels)")
     parser.add_argument("--report", action="store_true", help="print a readout per image")
     parser.add_argument("--json", action="store_true", help="one JSON object per image on stdout")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
-    if args.outscale is not None and args.outscale <= 0:
-        parser.error("--outscale must be positive")
     args.suffix = args.suffix if args.suffix is not None else f"_x{args.outscale or args.scale:g}"
+
+    inputs = collect_inputs(args.inputs)
+    if not inputs:
+        print("nala-sr upscale: error: no images found in the given inputs", file=sys.stderr)
+        return 1
+    clash = output_clash(inputs, args)
+    if clash:
+        print(f"nala-sr upscale: error: {clash}", file=sys.stderr)
+        return 1
 
     from tqdm import tqdm
 
+    from nala_gen.devices import pick_device
     from nala_gen.weights import WeightsError
 
     from .imageio import ImageError, read_image, write_image_atomic
@@ -151,6 +196,7 @@ def upscale(argv: list[str]) -> int:
     from .upscaler import Upscaler
 
     try:
+        pick_device(args.device)  # a device this machine lacks is refused before the model loads
         model, info = load_sr_model(args.model, args.scale, args.opt)
         budget = int(args.memory_budget_mb * 2**20) if args.memory_budget_mb else None
         engine = Upscaler(model, args.scale, args.device, args.precision, args.tile, args.tile_pad, args.alpha, budget)
@@ -158,10 +204,6 @@ def upscale(argv: list[str]) -> int:
         print(f"nala-sr upscale: error: {err}", file=sys.stderr)
         return 1
 
-    inputs = collect_inputs(args.inputs)
-    if not inputs:
-        print("nala-sr upscale: error: no images found in the given inputs", file=sys.stderr)
-        return 1
     resolved_inputs = {p.resolve() for p in inputs}
     failures = 0
     show_progress = not args.quiet and sys.stderr.isatty()
@@ -173,7 +215,7 @@ def upscale(argv: list[str]) -> int:
                 raise ImageError(f"output {dst} would overwrite an input")
             result, readout = engine.upscale(img, args.outscale, progress=show_progress)
             write_image_atomic(result, dst)
-        except (ImageError, ValueError, RuntimeError) as err:
+        except (ImageError, ValueError, RuntimeError, OSError) as err:  # report, go on with the next image
             failures += 1
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             print(f"nala-sr upscale: error: {src}: {reason}", file=sys.stderr)
@@ -197,9 +239,11 @@ def upscale(argv: list[str]) -> int:
 
 def models(argv: list[str]) -> int:
     argparse.ArgumentParser(prog="nala-sr models", description="List the named weights.").parse_args(argv)
-    from nala_gen.weights import list_weights
+    from nala_gen.weights import broken_cards, list_weights
 
     cards = list_weights("sr")
+    for path, reason in broken_cards():
+        print(f"warning: skipped a broken weight card {path}: {reason}", file=sys.stderr)
     if not cards:
         print("no named super-resolution weights installed (see weights/README.md)")
     for card in cards:
@@ -217,10 +261,13 @@ def export(argv: list[str]) -> int:
     parser.add_argument("--name", required=True)
     parser.add_argument("--out", default="weights")
     parser.add_argument("--info", default="{}", help="JSON object of training facts for the card")
+    parser.add_argument(
+        "--param-key", choices=["params", "params_ema"], help="which weights (default: params_ema when present)"
+    )
     args = parser.parse_args(argv)
     from .models import export_checkpoint
 
-    card = export_checkpoint(args.checkpoint, args.opt, args.name, args.out, json.loads(args.info))
+    card = export_checkpoint(args.checkpoint, args.opt, args.name, args.out, json.loads(args.info), args.param_key)
     print(f"wrote {card} and {card.with_suffix('.safetensors')}")
     return 0
 
@@ -240,13 +287,17 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     command, rest = argv[0], argv[1:]
-    try:
-        if command in COMMANDS:
-            return COMMANDS[command](rest)
-        return _basicsr(command, rest)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"nala-sr {command}: error: {err}", file=sys.stderr)
-        return 1
+
+    def run() -> int:
+        try:
+            if command in COMMANDS:
+                return COMMANDS[command](rest)
+            return _basicsr(command, rest)
+        except (OSError, ValueError) as err:  # missing or unwritable files, bad values: one line
+            print(f"nala-sr {command}: error: {err}", file=sys.stderr)
+            return 1
+
+    return interruptible(f"nala-sr {command}", run)
 
 
 if __name__ == "__main__":

@@ -37,6 +37,26 @@ def score(sr: np.ndarray, gt: np.ndarray, scale: int) -> tuple[float, float]:
     return calculate_psnr(sr_bgr, gt_bgr, **kwargs), calculate_ssim(sr_bgr, gt_bgr, **kwargs)
 
 
+def _read(path: Path) -> np.ndarray:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing (every GTmod12 image needs its LR copy)")
+    try:
+        return read_rgb(path)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"{path} is not a readable image ({type(err).__name__})") from None
+
+
+def read_pair(gt_path: Path, lr_path: Path, scale: int) -> tuple[np.ndarray, np.ndarray]:
+    """(GT, LR) RGB uint8 images whose sizes agree with ``scale``; a one-line error otherwise."""
+    gt, lr = _read(gt_path), _read(lr_path)
+    if gt.shape[:2] != (lr.shape[0] * scale, lr.shape[1] * scale):
+        raise ValueError(
+            f"{gt_path.name}: GT is {gt.shape[1]}x{gt.shape[0]} but its LR x{scale} is "
+            f"{lr.shape[1] * scale}x{lr.shape[0] * scale}"
+        )
+    return gt, lr
+
+
 def evaluate(data: Path, scale: int, models: list[str], option: Path | None = None) -> dict[str, dict]:
     """``{model: {"psnr": mean, "ssim": mean, "per_image": {...}}}`` over the folder's images.
 
@@ -53,8 +73,7 @@ def evaluate(data: Path, scale: int, models: list[str], option: Path | None = No
         engine = None if name == "bicubic" else Upscaler(load_sr_model(name, scale, option)[0], scale, tile=0)
         per_image = {}
         for gt_path in gt_paths:
-            gt = read_rgb(gt_path)
-            lr = read_rgb(data / f"LRbicx{scale}" / gt_path.name)
+            gt, lr = read_pair(gt_path, data / f"LRbicx{scale}" / gt_path.name, scale)
             sr = bicubic_upscale(lr, scale) if engine is None else engine.upscale(lr)[0]
             per_image[gt_path.stem] = score(sr, gt, scale)
         results[name] = {

@@ -26,8 +26,13 @@ class ImageError(ValueError):
     """An input that cannot be used as an image, or an output that cannot be written."""
 
 
+def has_alpha(img: np.ndarray) -> bool:
+    """Gray+alpha (H, W, 2) or RGBA (H, W, 4)."""
+    return img.ndim == 3 and img.shape[2] in (2, 4)
+
+
 def read_image(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
-    """(H, W) or (H, W, 3|4) RGB(A), uint8 or uint16, upright per EXIF."""
+    """(H, W) gray, (H, W, 2) gray+alpha or (H, W, 3|4) RGB(A), uint8 or uint16, upright per EXIF."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -35,21 +40,25 @@ def read_image(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
         raise ImageError(f"cannot read {path}: {err.strerror or err}") from None
     try:
         with Image.open(io.BytesIO(data)) as probe:
-            size = probe.size
+            size, mode = probe.size, probe.mode
             orientation = probe.getexif().get(0x0112, 1)
             if max_pixels and size[0] * size[1] > max_pixels:
                 raise ImageError(f"{path} has {size[0]}x{size[1]} pixels, over the limit of {max_pixels:,}")
             probe.load()  # decodes fully: truncated files fail here
     except UnidentifiedImageError:
         raise ImageError(f"{path} is not an image file") from None
-    except (OSError, SyntaxError, Image.DecompressionBombError) as err:
+    except Image.DecompressionBombError:
+        raise ImageError(f"{path} has too many pixels to open safely (a decompression bomb?)") from None
+    except (OSError, SyntaxError) as err:
         raise ImageError(f"{path} is damaged or unsupported ({err})") from None
     img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
     if img is None:
         raise ImageError(f"{path} could not be decoded")
     if img.ndim == 3 and img.shape[2] == 1:
         img = img[..., 0]
-    if img.ndim == 3:
+    if img.ndim == 3 and img.shape[2] == 4 and mode in ("LA", "La"):
+        img = img[..., [0, 3]]  # OpenCV expands gray+alpha to BGRA: keep it gray
+    elif img.ndim == 3:
         img = cv2.cvtColor(img, cv2.COLOR_BGRA2RGBA if img.shape[2] == 4 else cv2.COLOR_BGR2RGB)
     if img.dtype not in (np.uint8, np.uint16):
         raise ImageError(f"{path} has {img.dtype} pixels; only 8- and 16-bit images are supported")
@@ -60,8 +69,16 @@ def read_image(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
 
 
 def encode_image(img: np.ndarray, suffix: str) -> bytes:
-    if suffix in (".jpg", ".jpeg") and (img.dtype != np.uint8 or (img.ndim == 3 and img.shape[2] == 4)):
+    """Encode by suffix. Gray+alpha is written as an 8-bit LA image, or (16-bit, which LA cannot hold) as RGBA with
+    three equal channels."""
+    if suffix in (".jpg", ".jpeg") and (img.dtype != np.uint8 or has_alpha(img)):
         raise ImageError("JPEG cannot store alpha or 16-bit pixels; use --ext png")
+    if img.ndim == 3 and img.shape[2] == 2:
+        if img.dtype == np.uint8:
+            buf = io.BytesIO()
+            Image.fromarray(img, mode="LA").save(buf, format=Image.registered_extensions()[suffix])
+            return buf.getvalue()
+        img = img[..., [0, 0, 0, 1]]
     if img.ndim == 3:
         img = cv2.cvtColor(img, cv2.COLOR_RGBA2BGRA if img.shape[2] == 4 else cv2.COLOR_RGB2BGR)
     params = [cv2.IMWRITE_JPEG_QUALITY, 95] if suffix in (".jpg", ".jpeg") else []

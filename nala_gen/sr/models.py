@@ -9,22 +9,25 @@ import yaml
 
 from nala_gen import weights as W
 
-from . import _compat  # noqa: F401  (before basicsr)
-
 DEFAULT_MODELS = {2: "nalasr-light-x2", 4: "nalasr-light-x4"}
 
 
 def build_arch(arch: str, config: dict) -> torch.nn.Module:
-    """An arch registered in BasicSR's ARCH_REGISTRY (ours are registered by importing nala_gen.sr)."""
-    from basicsr.utils.registry import ARCH_REGISTRY
+    """One of our archs (torch only), or else one of BasicSR's own (SwinIR, EDSR, ...: imports BasicSR)."""
+    from . import SR_ARCHS
 
-    import nala_gen.sr  # noqa: F401  (registers NaLaSR and ESRT)
+    cls = SR_ARCHS.get(arch)
+    if cls is None:
+        from . import basicsr_registry  # the torchvision alias, then basicsr and its archs
 
+        try:
+            cls = basicsr_registry.ARCH_REGISTRY.get(arch)
+        except KeyError:
+            raise W.WeightsError(f"unknown architecture {arch!r}") from None
     try:
-        cls = ARCH_REGISTRY.get(arch)
-    except KeyError:
-        raise W.WeightsError(f"unknown architecture {arch!r}") from None
-    return cls(**config)
+        return cls(**config)
+    except TypeError as err:  # a field the arch does not take (e.g. a card written for an older version)
+        raise W.WeightsError(f"the config does not fit {arch}: {err}") from None
 
 
 def network_from_option(option: str | Path) -> tuple[str, dict]:
@@ -68,9 +71,12 @@ def load_sr_model(model: str | None, scale: int, option: str | Path | None = Non
     return net.eval(), {**info, "scale": model_scale}
 
 
-def export_checkpoint(checkpoint: str | Path, option: str | Path, name: str, out_dir: str | Path, info: dict) -> Path:
-    """BasicSR checkpoint + option file -> named weights (safetensors + card) in ``out_dir``."""
+def export_checkpoint(
+    checkpoint: str | Path, option: str | Path, name: str, out_dir: str | Path, info: dict, param_key: str | None = None
+) -> Path:
+    """BasicSR checkpoint + option file -> named weights (safetensors + card) in ``out_dir``; ``param_key`` picks
+    ``params`` or ``params_ema`` (default: the EMA ones when present)."""
     arch, config = network_from_option(option)
-    state = W.load_basicsr_checkpoint(checkpoint)
+    state = W.load_basicsr_checkpoint(checkpoint, param_key)
     W.load_into(build_arch(arch, config), state, str(checkpoint))  # refuse to export a mismatch
     return W.write_weights(state, Path(out_dir), name, "sr", arch, config, info)

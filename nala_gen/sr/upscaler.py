@@ -26,7 +26,10 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from nala_gen.devices import pick_device
 from nala_gen.profiling import PeakMemory
+
+from .imageio import has_alpha
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ALPHA_MODES = ("model", "bicubic")
@@ -62,14 +65,6 @@ class Readout:
             "peak_mem_mib": round(self.peak_mem_bytes / 2**20, 1),
             "megapixels_per_s": round(self.megapixels_per_s, 4),
         }
-
-
-def pick_device(device: str = "auto") -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("CUDA was asked for but is not available; use --device cpu")
-    return torch.device(device)
 
 
 def pick_precision(precision: str, device: torch.device) -> str:
@@ -251,14 +246,14 @@ class Upscaler:
     def upscale(
         self, img: np.ndarray, outscale: float | None = None, progress: bool = False
     ) -> tuple[np.ndarray, Readout]:
-        """Upscale an (H, W) gray, (H, W, 3) RGB or (H, W, 4) RGBA image, uint8 or uint16.
+        """Upscale an (H, W) gray, (H, W, 2) gray+alpha, (H, W, 3) RGB or (H, W, 4) RGBA image, uint8 or uint16.
 
         Returns the image at ``outscale`` (default: the model's scale) with the same channels and dtype.
         """
         if img.dtype not in (np.uint8, np.uint16):
             raise ValueError(f"images must be uint8 or uint16, got {img.dtype}")
-        if img.ndim == 3 and img.shape[2] not in (3, 4) or img.ndim not in (2, 3):
-            raise ValueError(f"images must be (H, W), (H, W, 3) or (H, W, 4), got {img.shape}")
+        if img.ndim == 3 and img.shape[2] not in (2, 3, 4) or img.ndim not in (2, 3):
+            raise ValueError(f"images must be (H, W) or (H, W, 2|3|4), got {img.shape}")
         h, w = img.shape[:2]
         if min(h, w) < 2:
             raise ValueError(f"image of {w}x{h} pixels is too small to upscale")
@@ -266,9 +261,10 @@ class Upscaler:
         target = (max(1, round(w * outscale)), max(1, round(h * outscale)))
         max_value = float(np.iinfo(img.dtype).max)
         pixels = img.astype(np.float32) / max_value
-        gray = pixels.ndim == 2
-        rgb = np.repeat(pixels[..., None], 3, axis=2) if gray else pixels[..., :3]
-        alpha = pixels[..., 3] if pixels.ndim == 3 and pixels.shape[2] == 4 else None
+        gray = pixels.ndim == 2 or pixels.shape[2] == 2
+        color = pixels if pixels.ndim == 2 else pixels[..., 0] if gray else pixels[..., :3]
+        rgb = np.repeat(color[..., None], 3, axis=2) if gray else color
+        alpha = pixels[..., -1] if has_alpha(pixels) else None
 
         tile = self.tile_size(h, w)
         start = time.perf_counter()
@@ -289,7 +285,7 @@ class Upscaler:
                 up_alpha = np.clip(
                     cv2.resize(alpha, (w * self.scale, h * self.scale), interpolation=cv2.INTER_CUBIC), 0, 1
                 )
-            result = np.concatenate((result, up_alpha[..., None]), axis=2)
+            result = np.dstack((result, up_alpha))  # (H, W) gray -> (H, W, 2); RGB -> (H, W, 4)
         if target != (w * self.scale, h * self.scale):
             shrink = target[0] < w * self.scale
             result = cv2.resize(result, target, interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LANCZOS4)

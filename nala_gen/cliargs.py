@@ -1,0 +1,57 @@
+"""Shared by the command-line tools: argument types that check numbers (finite, in range) before any work, and
+one way to end on Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+
+def bounded(kind: type, low: float, high: float = math.inf, low_inclusive: bool = True) -> Callable[[str], float]:
+    """An argparse ``type``: a finite ``kind`` (int or float) in [low, high], or (low, high] without
+    ``low_inclusive``; anything else is a one-line usage error."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a{'n integer' if kind is int else ' number'}") from None
+        above = value >= low if low_inclusive else value > low
+        if not (math.isfinite(value) and above and value <= high):
+            bounds = f"{'at least' if low_inclusive else 'above'} {low:g}"
+            if high < math.inf:
+                bounds += f" and at most {high:g}"
+            raise argparse.ArgumentTypeError(f"must be a finite number {bounds}, got {text}")
+        return value
+
+    return parse
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread so that ``finally`` blocks (temporary files) run as for Ctrl-C."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
+def interruptible(prog: str, main: Callable[[], int]) -> int:
+    """Run a command's ``main`` so that Ctrl-C and SIGTERM end it with one line on stderr and exit 130 / 143,
+    after the writes in progress have removed their temporary files."""
+    in_main_thread = threading.current_thread() is threading.main_thread()  # signal handlers live there only
+    previous = signal.signal(signal.SIGTERM, _raise_terminated) if in_main_thread else None
+    try:
+        return main()
+    except KeyboardInterrupt as err:
+        terminated = isinstance(err, Terminated)
+        print(
+            f"{prog}: {'terminated' if terminated else 'interrupted'}; nothing half-written was left", file=sys.stderr
+        )
+        return 143 if terminated else 130
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous)

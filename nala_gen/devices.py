@@ -1,0 +1,27 @@
+"""Which torch device a command or the app runs on: one rule for every entry point."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+_DEVICE = re.compile(r"(cpu|cuda|mps)(:\d+)?")
+
+
+def pick_device(device: str = "auto") -> torch.device:
+    """``auto`` (CUDA when available, else the CPU), ``cpu``, ``cuda``, ``cuda:N`` or ``mps``; anything else, or a
+    device this machine lacks, is a one-line ``ValueError``."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not _DEVICE.fullmatch(device):
+        raise ValueError(f"unknown device {device!r}; use auto, cpu, cuda, cuda:N or mps")
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError("CUDA was asked for but is not available; use --device cpu")
+        index = int(device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"no CUDA device {index}: this machine has {torch.cuda.device_count()}")
+    if device.startswith("mps") and not torch.backends.mps.is_available():
+        raise ValueError("MPS was asked for but is not available; use --device cpu")
+    return torch.device(device)
