@@ -116,7 +116,10 @@ class Engine:
         """(spec, label) of every named diffusion pipeline plus the folders given with ``--pipeline``."""
         from nala_gen.weights import list_weights
 
-        found = [(c.name, f"{c.name} · {c.arch}") for c in list_weights("diffusion")]
+        # NaLa models first (the tab opens on the first one; a softmax twin is there to compare against), otherwise in
+        # the search order of the weight folders (a stable sort).
+        cards = sorted(list_weights("diffusion"), key=lambda c: c.config.get("attention_type") == "softmax")
+        found = [(c.name, f"{c.name} · {c.arch}") for c in cards]
         found += [(p, f"{Path(p).name}  (folder)") for p in self.config.pipelines]
         return found
 

@@ -328,3 +328,13 @@ def test_no_outside_connection_from_the_server(app):
     """Start-up and every request above opened connections to the loopback interface only (last in this file)."""
     hosts = {a[0] for a in CONNECTIONS if isinstance(a, tuple)}
     assert hosts <= {"127.0.0.1", "localhost", "::1"}, sorted(hosts)
+
+
+def test_generate_tab_lists_nala_models_before_their_softmax_twin():
+    from apps.engine import AppConfig, Engine
+    from nala_gen.weights import resolve
+
+    specs = [spec for spec, _ in Engine(AppConfig()).diffusion_models()]
+    kinds = [resolve(spec).config.get("attention_type") for spec in specs]
+    assert "softmax" in kinds and kinds[0] != "softmax"  # the tab opens on the first one
+    assert kinds == sorted(kinds, key=lambda k: k == "softmax")
