@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 
 def _current_umask() -> int:
@@ -20,11 +23,13 @@ def _current_umask() -> int:
 _UMASK = _current_umask()
 
 
-def write_atomic(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file beside it and ``os.replace``.
+@contextmanager
+def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
+    """``with atomic_file(path) as f: f.write(...)``: the file appears at ``path`` only when the block completes.
 
-    The file gets the permissions a plain ``open(path, "wb")`` would give (0666 less the umask), not the
-    owner-only 0600 of ``mkstemp``.
+    Written through a temporary file beside it and ``os.replace``; on any error or interruption the temporary
+    file is removed and ``path`` is left as it was. The file gets the permissions a plain ``open(path, "wb")``
+    would give (0666 less the umask), not the owner-only 0600 of ``mkstemp``.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -32,12 +37,18 @@ def write_atomic(path: str | Path, data: bytes) -> Path:
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_atomic(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_file`)."""
+    with atomic_file(path) as f:
+        f.write(data)
+    return Path(path)
 
 
 def update_json(path: str | Path, key: str, value) -> Path:

@@ -5,6 +5,7 @@ nala-bench entropy     attention entropy vs query norm for each kernel (PNG + JS
 nala-bench trained-entropy   the same on trained models' own queries and keys, with Spearman correlations
 nala-bench sr          SR models' latency and memory vs tokens (fresh process per point)
 nala-bench upscale     nala-sr upscale end to end: output megapixels per second and memory (fresh process per point)
+nala-bench upscale-memory   nala-sr upscale's process peak memory against its --memory-budget-mb (fresh processes)
 nala-bench sr-ablation NaLaSR trained with each attention type on an equal budget, PSNR/SSIM on the val split
 """
 
@@ -50,6 +51,7 @@ COMMANDS = {
     "sr": "nala_gen.bench.sr_scaling",
     "sr-ablation": "nala_gen.bench.sr_ablation",
     "upscale": "nala_gen.bench.upscale_throughput",
+    "upscale-memory": "nala_gen.bench.upscale_memory",
 }
 
 

@@ -163,7 +163,9 @@ def upscale(argv: list[str]) -> int:
         "--tile-pad", type=bounded(int, 0, 256), default=16, help="overlap between tiles, input pixels (blended)"
     )
     parser.add_argument(
-        "--memory-budget-mb", type=bounded(float, 1), help="memory for --tile auto (default: half of free)"
+        "--memory-budget-mb",
+        type=bounded(float, 1),
+        help="memory for the whole job: tiles, output, encoding (default: half of free)",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
@@ -191,7 +193,7 @@ def upscale(argv: list[str]) -> int:
     from nala_gen.devices import pick_device
     from nala_gen.weights import WeightsError
 
-    from .imageio import ImageError, read_image, write_image_atomic
+    from .imageio import ImageError, read_image
     from .models import load_sr_model
     from .upscaler import Upscaler
 
@@ -213,8 +215,7 @@ def upscale(argv: list[str]) -> int:
             dst = output_path(src, args, len(inputs) == 1, output_suffix(src, args.ext, img))
             if dst.resolve() in resolved_inputs:
                 raise ImageError(f"output {dst} would overwrite an input")
-            result, readout = engine.upscale(img, args.outscale, progress=show_progress)
-            write_image_atomic(result, dst)
+            readout = engine.upscale_to_file(img, dst, args.outscale, progress=show_progress)
         except (ImageError, ValueError, RuntimeError, OSError) as err:  # report, go on with the next image
             failures += 1
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
@@ -229,7 +230,9 @@ def upscale(argv: list[str]) -> int:
             print(
                 f"{src} -> {dst}: {readout.input_size[0]}x{readout.input_size[1]} -> "
                 f"{readout.output_size[0]}x{readout.output_size[1]}, {readout.latency_s:.2f} s, "
-                f"peak {readout.peak_mem_bytes / 2**20:.0f} MiB, {readout.tokens:,} tokens/pass, "
+                f"peak {readout.peak_mem_bytes / 2**20:.0f} MiB (process {readout.process_peak_bytes / 2**20:.0f} MiB, "
+                f"estimate {readout.estimate_bytes / 2**20:.0f} MiB{', PNG streamed' if readout.streamed else ''}), "
+                f"{readout.tokens:,} tokens/pass, "
                 f"{readout.tiles} tile(s), {readout.device} {readout.precision}"
             )
         elif not args.quiet:

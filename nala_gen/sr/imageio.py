@@ -2,19 +2,21 @@
 
 Reads keep 16-bit depth, alpha and grayscale, and apply the EXIF orientation; damaged files (truncated, not an
 image) raise :class:`ImageError` with a one-line reason. Writes are atomic: a temporary file in the target
-folder, then a rename, so an interrupted run never leaves a half-written image.
+folder, then a rename, so an interrupted run never leaves a half-written image. PNG can also be written from
+rows as they are made (:func:`write_png_rows`), for outputs too large to hold in memory.
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Iterable
 from pathlib import Path
 
 import cv2
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from nala_gen.fileio import write_atomic
+from nala_gen.fileio import atomic_file, write_atomic
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 
@@ -56,7 +58,9 @@ def read_image(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
         raise ImageError(f"{path} could not be decoded")
     if img.ndim == 3 and img.shape[2] == 1:
         img = img[..., 0]
-    if img.ndim == 3 and img.shape[2] == 4 and mode in ("LA", "La"):
+    # Pillow reads a 16-bit gray+alpha PNG as RGBA: its header's colour type (4) says what it is.
+    gray_alpha = mode in ("LA", "La") or (data[:8] == b"\x89PNG\r\n\x1a\n" and data[25:26] == b"\x04")
+    if img.ndim == 3 and img.shape[2] == 4 and gray_alpha:
         img = img[..., [0, 3]]  # OpenCV expands gray+alpha to BGRA: keep it gray
     elif img.ndim == 3:
         img = cv2.cvtColor(img, cv2.COLOR_BGRA2RGBA if img.shape[2] == 4 else cv2.COLOR_BGR2RGB)
@@ -69,11 +73,15 @@ def read_image(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
 
 
 def encode_image(img: np.ndarray, suffix: str) -> bytes:
-    """Encode by suffix. Gray+alpha is written as an 8-bit LA image, or (16-bit, which LA cannot hold) as RGBA with
-    three equal channels."""
+    """Encode by suffix. Gray+alpha is written as a gray+alpha PNG (8 or 16 bits), an 8-bit LA image in other
+    formats, or (16-bit outside PNG) as RGBA with three equal channels."""
     if suffix in (".jpg", ".jpeg") and (img.dtype != np.uint8 or has_alpha(img)):
         raise ImageError("JPEG cannot store alpha or 16-bit pixels; use --ext png")
     if img.ndim == 3 and img.shape[2] == 2:
+        if suffix == ".png" and img.dtype == np.uint16:  # neither OpenCV nor Pillow writes 16-bit gray+alpha
+            buf = io.BytesIO()
+            _png_writer(img.shape[1], img.shape[0], 2, img.dtype).write_packed(buf, _packed_rows([img]))
+            return buf.getvalue()
         if img.dtype == np.uint8:
             buf = io.BytesIO()
             Image.fromarray(img, mode="LA").save(buf, format=Image.registered_extensions()[suffix])
@@ -92,3 +100,38 @@ def write_image_atomic(img: np.ndarray, path: str | Path) -> Path:
     """Encode by the path's suffix, write to a temporary file beside it, then rename into place."""
     path = Path(path)
     return write_atomic(path, encode_image(img, path.suffix.lower()))
+
+
+def _png_writer(width: int, height: int, channels: int, dtype: np.dtype):
+    import png  # pypng: a row-by-row encoder, which OpenCV and Pillow are not
+
+    return png.Writer(
+        width,
+        height,
+        greyscale=channels in (1, 2),
+        alpha=channels in (2, 4),
+        bitdepth=8 * np.dtype(dtype).itemsize,
+        compression=1,  # OpenCV's default: fast, as the bulk of a large PNG's cost is the deflate
+    )
+
+
+def _packed_rows(bands: Iterable[np.ndarray]) -> Iterable[bytes]:
+    """Bands of (n, W[, C]) pixels -> PNG's packed rows (samples interleaved, 16-bit big-endian)."""
+    for band in bands:
+        packed = np.ascontiguousarray(band, dtype=band.dtype.newbyteorder(">")).reshape(band.shape[0], -1)
+        yield from (row.tobytes() for row in packed)
+
+
+def write_png_rows(
+    path: str | Path, bands: Iterable[np.ndarray], width: int, height: int, channels: int, dtype: np.dtype
+) -> Path:
+    """Write a PNG from bands of rows, (n, W) or (n, W, C), top to bottom, never holding the whole image.
+
+    Atomic like :func:`write_image_atomic`. Gray, gray+alpha, RGB and RGBA at 8 or 16 bits, as PNG stores them
+    (pypng; no row filters, so the file is somewhat larger than OpenCV's for the same pixels).
+    """
+    with atomic_file(path) as f:
+        written = _png_writer(width, height, channels, dtype).write_packed(f, _packed_rows(bands))
+        if written != height:  # raised inside: the partial file is removed, not renamed into place
+            raise ImageError(f"internal error: {written} of {height} rows made for {path}")
+    return Path(path)

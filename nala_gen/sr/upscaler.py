@@ -3,14 +3,18 @@
 What it does that the usual scripts do not:
 
 * overlapping tiles blended with linear feathers (weights sum to one), so tile borders leave no seams;
-* the tile size chosen from a memory budget by probing the model at three small sizes (``tile="auto"``);
-  the whole image in one pass when it fits;
+* a memory budget for the whole job, not just the network pass: the tiles run a row at a time and the output
+  is made top to bottom, one band of rows at a time (blending, alpha, ``outscale`` resize and 8/16-bit
+  rounding per band), so no image-sized float canvas ever exists; a PNG is written from those bands as they
+  come, and any other output holds only its final pixels. The tile size is the largest whose job fits the
+  budget, from probes of the network at three small sizes (``tile="auto"``), the whole image in one pass when
+  it fits; a job that cannot fit is refused before any work, with the estimate;
 * alpha kept, upscaled by the model or by bicubic (``alpha="model" | "bicubic"``), grayscale kept as
   grayscale, 16-bit kept as 16-bit;
 * any output scale (``outscale``): the model's scale, then Lanczos (or area when shrinking);
 * fp32 on CPU, bf16/fp16 autocast on GPUs (fp16 on CPU is refused: there are no half kernels there);
 * channels-last convolutions (the bulk of an SR network's time);
-* a readout: latency, peak memory, attention tokens per pass, tiles.
+* a readout: latency, peak memory of the job and of the process, the estimate, attention tokens per pass, tiles.
 """
 
 from __future__ import annotations
@@ -18,32 +22,67 @@ from __future__ import annotations
 import math
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
-import cv2
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from nala_gen.devices import pick_device
-from nala_gen.profiling import PeakMemory
+from nala_gen.profiling import PeakMemory, return_large_frees_promptly
 
-from .imageio import has_alpha
+from .imageio import has_alpha, write_image_atomic, write_png_rows
+from .resample import RowResizer, resize_rows
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ALPHA_MODES = ("model", "bicubic")
 MIN_TILE = 32
 PROBE_SIDES = (48, 96, 128)  # input sides probed for tile="auto"; 128 is where quadratic attention shows
 SUPERLINEAR = 1.25  # growth of the cost per token between the two largest probes that reads as quadratic
+CHUNK_ROWS = 64  # output rows finished per step: bounds the per-band temporaries
+ENCODER_COPIES = 2  # an in-memory encode holds the pixels again (channel order) plus the encoded bytes
 # The probed cost of a pass belongs to a network on a device at a precision, not to one Upscaler: measured once per
 # network (the app builds an Upscaler per request around its cached networks); the budget is read at each call.
 _PROBED: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
+class MemoryBudgetError(ValueError):
+    """A job whose estimated memory exceeds the budget at every tile size (raised before any work)."""
+
+
+@dataclass
+class JobPlan:
+    """How one upscale will run and what it will hold, in bytes (``pass_bytes`` is 0 for a fixed tile: the
+    network is probed only for ``tile="auto"``)."""
+
+    tile: int  # input pixels per tile side; 0 = the whole image in one pass
+    streamed: bool  # PNG rows written as they are made: no output image in memory
+    input_bytes: int  # the decoded input, held for the whole job
+    pass_bytes: int  # one network pass (activations of a tile), predicted from the probes
+    band_bytes: int  # the blending band (one row of tiles at the model's scale), resize window, temporaries
+    output_bytes: int  # the output image, and the encoder's copies of it, when not streamed
+    budget: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.input_bytes + self.pass_bytes + self.band_bytes + self.output_bytes
+
+    def describe(self) -> str:
+        parts = {"input": self.input_bytes, "network pass": self.pass_bytes, "bands": self.band_bytes}
+        parts["output in memory"] = self.output_bytes
+        listed = ", ".join(f"{k} {v / 2**20:,.0f}" for k, v in parts.items() if v)
+        return f"about {self.total_bytes / 2**20:,.0f} MiB ({listed})"
+
+
 @dataclass
 class Readout:
-    """What one upscale cost. ``tokens`` is the LR pixels of the largest pass (the attention's N)."""
+    """What one upscale cost. ``tokens`` is the LR pixels of the largest pass (the attention's N).
+
+    ``peak_mem_bytes`` is the job's memory above the level at its start; ``process_peak_bytes`` the process's own
+    high-water mark during the job (host RSS, model and libraries included); ``estimate_bytes`` the plan's
+    estimate of the job, input included."""
 
     latency_s: float
     peak_mem_bytes: int
@@ -54,6 +93,9 @@ class Readout:
     output_size: tuple[int, int]
     device: str
     precision: str
+    process_peak_bytes: int = 0
+    estimate_bytes: int = 0
+    streamed: bool = False
 
     @property
     def megapixels_per_s(self) -> float:
@@ -63,6 +105,8 @@ class Readout:
         return {
             **asdict(self),
             "peak_mem_mib": round(self.peak_mem_bytes / 2**20, 1),
+            "process_peak_mib": round(self.process_peak_bytes / 2**20, 1),
+            "estimate_mib": round(self.estimate_bytes / 2**20, 1),
             "megapixels_per_s": round(self.megapixels_per_s, 4),
         }
 
@@ -92,6 +136,31 @@ def available_memory(device: torch.device) -> int:
         return 4 * 2**30
 
 
+def _quadratic(tokens: list[int], peaks: list[int]) -> tuple[float, float, float] | None:
+    """(a, b, c) of a + b·n + c·n² when the probes read as quadratic (the cost per token grows by more than
+    SUPERLINEAR between the two largest), else None. Three probes: a least-squares fit; two: a + c·n² through
+    both (steeper than the true curve where b > 0, so the prediction errs high)."""
+    t, m = np.asarray(tokens, dtype=np.float64), np.asarray(peaks, dtype=np.float64)
+    if len(m) < 2 or m[-1] / t[-1] <= SUPERLINEAR * m[-2] / t[-2]:
+        return None
+    if len(m) == 3:
+        c, b, a = np.polyfit(t, m, 2)
+        return (a, b, c) if c > 0 else None
+    c = (m[1] - m[0]) / (t[1] ** 2 - t[0] ** 2)
+    return m[0] - c * t[0] ** 2, 0.0, c
+
+
+def predicted_peak(n: int, tokens: list[int], peaks: list[int]) -> float:
+    """Predicted peak bytes of a pass over ``n`` tokens from measured (tokens, peak) pairs (see tokens_within)."""
+    quadratic = _quadratic(tokens, peaks)
+    if quadratic:
+        a, b, c = quadratic
+        return a + b * n + c * n * n
+    # Linear: the larger cost per token of the two largest probes (small RSS probes are noisy; a prediction that
+    # errs is better high than low).
+    return max(p / t for p, t in zip(peaks[-2:], tokens[-2:])) * n
+
+
 def tokens_within(budget: int, tokens: list[int], peaks: list[int]) -> int:
     """Largest token count whose predicted peak memory fits ``budget``, from measured (tokens, peak) pairs.
 
@@ -102,16 +171,14 @@ def tokens_within(budget: int, tokens: list[int], peaks: list[int]) -> int:
     per token at the largest probe as constant: an upper bound on b when a >= 0, and steady where a quadratic
     fit would chase the noise of small RSS probes (+-20 MiB here; NaLaSR: x0.8-1.05 per token).
     """
-    n, m = np.asarray(tokens, dtype=np.float64), np.asarray(peaks, dtype=np.float64)
     smallest = MIN_TILE * MIN_TILE
-    if m[0] >= budget:
+    if peaks[0] >= budget:
         return smallest
-    per_token = m[-1] / n[-1]
-    if per_token > SUPERLINEAR * m[-2] / n[-2]:
-        c, b, a = np.polyfit(n, m, 2)
-        if c > 0:
-            return max(smallest, int((-b + math.sqrt(b * b + 4 * c * (budget - a))) / (2 * c)))
-    return max(smallest, int(budget / per_token))
+    quadratic = _quadratic(tokens, peaks)
+    if quadratic:
+        a, b, c = quadratic
+        return max(smallest, int((-b + math.sqrt(b * b + 4 * c * (budget - a))) / (2 * c)))
+    return max(smallest, int(budget / (peaks[-1] / tokens[-1])))
 
 
 def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
@@ -122,22 +189,44 @@ def tile_starts(length: int, tile: int, overlap: int) -> list[int]:
     return [*starts, length - tile]
 
 
-def feather(length: int, start: int, stop: int, total: int, overlap: int) -> torch.Tensor:
-    """1-D blending weights of a window [start, stop) of ``total`` pixels.
+def feather(length: int, start: int, stop: int, total: int, overlap: int) -> np.ndarray:
+    """1-D blending weights (float32) of a window [start, stop) of ``total`` pixels.
 
     On a side that borders another window (``overlap`` pixels shared), the outer quarter of the overlap gets
     almost no weight (those pixels saw the least context), the next half ramps linearly up to 1, so two
     neighbours cross-fade over the middle of their overlap with weights summing to one.
     """
-    w = torch.ones(length)
+    w = np.ones(length, np.float32)
     margin, ramp = overlap // 4, overlap // 2
     if ramp > 0 and 2 * (margin + ramp) <= length:
-        edge = torch.cat((torch.full((margin,), 1e-3), (torch.arange(ramp) + 0.5) / ramp))
+        edge = np.concatenate((np.full(margin, 1e-3), (np.arange(ramp) + 0.5) / ramp)).astype(np.float32)
         if start > 0:
             w[: margin + ramp] = edge
         if stop < total:
-            w[length - margin - ramp :] = edge.flip(0)
+            w[length - margin - ramp :] = edge[::-1]
     return w
+
+
+@dataclass
+class _Axis:
+    """The windows along one side: starts and stops in input pixels, their feathers and the feathers' sum, both
+    at the model's scale. A 2-D window's weights are the outer product of its two feathers, so the sum over all
+    windows is the outer product of the two sums: no image-sized weight canvas is needed."""
+
+    starts: list[int]
+    stops: list[int]
+    feathers: list[np.ndarray]
+    total: np.ndarray
+
+    @classmethod
+    def of(cls, length: int, tile: int, overlap: int, scale: int) -> _Axis:
+        starts = tile_starts(length, tile, overlap)
+        stops = [min(a + tile, length) for a in starts]
+        feathers = [feather((b - a) * scale, a, b, length, overlap * scale) for a, b in zip(starts, stops)]
+        total = np.zeros(length * scale, np.float32)
+        for a, f in zip(starts, feathers):
+            total[a * scale : a * scale + len(f)] += f
+        return cls(starts, stops, feathers, total)
 
 
 class Upscaler:
@@ -151,7 +240,8 @@ class Upscaler:
         tile: ``auto`` (from the memory budget), 0 (whole image), or a tile side in input pixels.
         tile_pad: overlap between neighbouring tiles on each side, in input pixels (blended).
         alpha: ``model`` or ``bicubic``: how an alpha channel is upscaled.
-        memory_budget: bytes for ``tile="auto"`` (default: see :func:`available_memory`).
+        memory_budget: bytes for the whole job (default: see :func:`available_memory`). On a GPU it bounds the
+            network pass, and the host's part of the job is checked against the host's available memory.
     """
 
     def __init__(
@@ -179,7 +269,6 @@ class Upscaler:
         self.tile_pad = tile_pad
         self.alpha = alpha
         self.memory_budget = memory_budget
-        self.size_multiple = getattr(model, "size_multiple", 1)
 
     # -- memory model -------------------------------------------------------------------------------------------
     def _probe(self, side: int) -> int:
@@ -188,60 +277,224 @@ class Upscaler:
             self._forward(x)
         return max(memory.peak_bytes, 1)
 
-    def max_tokens(self) -> int:
-        """Largest input (in pixels) whose pass fits the budget, from probes at three sizes (see tokens_within)."""
-        probed = _PROBED.setdefault(self.model, {})
-        key = (str(self.device), self.precision)
-        if key not in probed:
+    def _probes(self, budget: int) -> tuple[list[int], list[int]]:
+        """(tokens, peak bytes) of passes at PROBE_SIDES, measured once per network, device and precision. A side
+        whose pass could overrun the budget (twice the cost per token so far) is not probed, so probing keeps
+        within small budgets too; a later, larger budget probes the rest."""
+        sides, peaks = _PROBED.setdefault(self.model, {}).setdefault((str(self.device), self.precision), ([], []))
+        if not sides:
             self._probe(32)  # warm-up: thread pools and allocator arenas are not the model's memory
-            probed[key] = [self._probe(side) for side in PROBE_SIDES]
+        for side in PROBE_SIDES[len(sides) :]:
+            if peaks and 2 * peaks[-1] / sides[-1] ** 2 * side * side > budget:
+                break
+            peaks.append(self._probe(side))
+            sides.append(side)
+        return [side * side for side in sides], list(peaks)
+
+    def max_tokens(self) -> int:
+        """Largest input (in pixels) whose pass alone fits the budget, from the probes (see tokens_within)."""
         budget = self.memory_budget or available_memory(self.device)
-        return tokens_within(budget, [side * side for side in PROBE_SIDES], probed[key])
+        return tokens_within(budget, *self._probes(budget))
+
+    def plan(
+        self,
+        height: int,
+        width: int,
+        channels: int = 3,
+        itemsize: int = 1,
+        outscale: float | None = None,
+        can_stream: bool = False,
+        output_copies: int = 1,
+    ) -> JobPlan:
+        """Choose the tile (and streaming) for an input so that the whole job fits the budget.
+
+        ``output_copies`` counts the output image and what the encoder holds besides (1 when the caller takes
+        the array; 1 + ENCODER_COPIES when it is encoded in memory); ``can_stream`` allows writing PNG rows as
+        they come instead. The largest tile that fits wins (fewest seams and passes), keeping the output in
+        memory when it fits (a smaller, faster PNG; any format). Raises :class:`MemoryBudgetError` with the
+        estimate when nothing fits.
+        """
+        budget = self.memory_budget or available_memory(self.device)
+        host_budget = budget if self.device.type == "cpu" else available_memory(torch.device("cpu"))
+        s = self.scale
+        target_w, target_h = output_size(width, height, s, outscale)
+        out_channels = channels
+        planes = 3 + (1 if channels in (2, 4) and self.alpha == "model" else 0)
+        resize_taps = 0 if (target_w, target_h) == (width * s, height * s) else 8 + math.ceil(height * s / target_h)
+
+        def job(tile: int, streamed: bool) -> JobPlan:
+            rows = min(tile or height, height) * s
+            band = rows * width * s * planes * 4  # the blending band
+            band += 3 * CHUNK_ROWS * width * s * max(planes, out_channels) * 4  # a finished chunk and its forms
+            band += (
+                2 * (min(tile or height, height) * s) * (min(tile or width, width) * s) * 4 * 2
+            )  # a tile's result, weights
+            if resize_taps:  # the resize window: source rows resized across, and output rows being made
+                band += (resize_taps + 3 * CHUNK_ROWS) * target_w * out_channels * 4
+            side_h, side_w = min(tile or height, height), min(tile or width, width)
+            if self.tile == "auto":
+                pass_bytes = int(predicted_peak(side_h * side_w, *self._probes(budget)))
+            else:
+                pass_bytes = 0
+            output = 0 if streamed else target_w * target_h * out_channels * itemsize * output_copies
+            return JobPlan(tile, streamed, height * width * channels * itemsize, pass_bytes, band, output, budget)
+
+        def fits(p: JobPlan) -> bool:
+            if self.device.type == "cpu":
+                return p.total_bytes <= budget
+            return p.pass_bytes <= budget and p.total_bytes - p.pass_bytes <= host_budget
+
+        if self.tile != "auto":
+            fixed = 0 if self.tile == 0 or (height <= self.tile and width <= self.tile) else self.tile
+            tiles = [fixed]
+        else:
+            side = max(MIN_TILE, math.isqrt(self.max_tokens()))
+            tiles = [0] if height * width <= side * side else []
+            while side > MIN_TILE:
+                tiles.append(side)
+                side = max(MIN_TILE, int(side * 0.85))
+            tiles.append(MIN_TILE)
+        last = None
+        for streamed in (False, True) if can_stream else (False,):
+            for tile in tiles:
+                last = job(tile, streamed)
+                if fits(last):
+                    return last
+        hint = "; a .png output is written as it is made and needs less" if output_copies > 1 and not can_stream else ""
+        raise MemoryBudgetError(
+            f"upscaling {width}x{height} to {target_w}x{target_h} needs {last.describe()} at its smallest, over "
+            f"the memory budget of {budget / 2**20:,.0f} MiB: raise --memory-budget-mb{hint}"
+        )
 
     def tile_size(self, height: int, width: int) -> int:
-        """Tile side for an input, 0 meaning the whole image in one pass."""
-        if self.tile != "auto":
-            return 0 if self.tile == 0 or (height <= self.tile and width <= self.tile) else self.tile
-        tokens = self.max_tokens()
-        if height * width <= tokens:
-            return 0
-        return max(MIN_TILE, math.isqrt(tokens))
+        """Tile side for an RGB 8-bit input at the model's scale, 0 meaning the whole image in one pass."""
+        return self.plan(height, width).tile
 
     # -- inference ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        """One pass: pad to the model's size multiple, run under autocast, crop. (1, 3, h, w) -> (1, 3, sh, sw)."""
-        h, w = x.shape[-2:]
-        m = self.size_multiple
-        pad_h, pad_w = -h % m, -w % m
-        if pad_h or pad_w:
-            x = F.pad(x, (0, pad_w, 0, pad_h), mode="reflect")
-        x = x.contiguous(memory_format=torch.channels_last)
+        """One pass under autocast: (1, 3, h, w) -> (1, 3, sh, sw) float32 on the model's device."""
+        x = x.to(self.device).contiguous(memory_format=torch.channels_last)
         dtype = PRECISIONS[self.precision]
         with torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32):
             out = self.model(x)
-        return out[..., : h * self.scale, : w * self.scale].float()
+        return out.float()
 
-    def _run(self, x: torch.Tensor, tile: int, progress: bool) -> tuple[torch.Tensor, int, int]:
-        """(1, 3, H, W) -> ((1, 3, sH, sW) on CPU, tiles, largest pass in pixels)."""
-        h, w = x.shape[-2:]
-        x = x.to(self.device)
-        if tile == 0:
-            return self._forward(x).cpu(), 1, h * w
+    def _pass(self, pixels: np.ndarray) -> np.ndarray:
+        """(h, w, 3) float32 -> (sh, sw, 3) float32 on the host."""
+        x = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]
+        return self._forward(x)[0].permute(1, 2, 0).cpu().numpy()
+
+    def _model_rows(self, img: np.ndarray, tile: int, model_alpha: bool, progress: bool) -> Iterator[np.ndarray]:
+        """The blended network output, top to bottom: chunks of (n, sW, 3 or 4) float32 (4th: the alpha pass).
+
+        Tiles run a row of tiles at a time into a band as tall as one tile; the rows that no later tile touches
+        are normalised by the feathers' sum and handed on, and the rest of the band moves up.
+        """
+        h, w = img.shape[:2]
         s = self.scale
-        overlap = min(2 * self.tile_pad, tile // 2)
-        out = torch.zeros(1, 3, h * s, w * s)
-        weight = torch.zeros(1, 1, h * s, w * s)
-        windows = [(y, xx) for y in tile_starts(h, tile, overlap) for xx in tile_starts(w, tile, overlap)]
-        for y, xx in tqdm(windows, desc="tiles", leave=False, disable=not progress or len(windows) == 1):
-            y1, x1 = min(y + tile, h), min(xx + tile, w)
-            pred = self._forward(x[..., y:y1, xx:x1]).cpu()
-            wy = feather((y1 - y) * s, y, y1, h, overlap * s)
-            wx = feather((x1 - xx) * s, xx, x1, w, overlap * s)
-            wmap = (wy[:, None] * wx[None, :])[None, None]
-            out[..., y * s : y1 * s, xx * s : x1 * s] += pred * wmap
-            weight[..., y * s : y1 * s, xx * s : x1 * s] += wmap
-        return out / weight, len(windows), min(tile, h) * min(tile, w)
+        side = tile or max(h, w)
+        overlap = min(2 * self.tile_pad, side // 2) if tile else 0
+        ys, xs = _Axis.of(h, side, overlap, s), _Axis.of(w, side, overlap, s)
+        max_value = float(np.iinfo(img.dtype).max)
+        planes = 4 if model_alpha else 3
+        band = np.zeros((min(side, h) * s, w * s, planes), np.float32)
+        base = 0  # output row of band[0]
+        tiles = len(ys.starts) * len(xs.starts)
+        with tqdm(total=tiles, desc="tiles", leave=False, disable=not progress or tiles == 1) as bar:
+            for k, (y, y1, fy) in enumerate(zip(ys.starts, ys.stops, ys.feathers)):
+                for x, x1, fx in zip(xs.starts, xs.stops, xs.feathers):
+                    pixels = img[y:y1, x:x1].astype(np.float32) / max_value
+                    weight = (fy[:, None] * fx[None, :])[..., None]
+                    rows = slice(y * s - base, y1 * s - base)
+                    cols = slice(x * s, x1 * s)
+                    pred = self._pass(color_of(pixels))
+                    pred *= weight
+                    band[rows, cols, :3] += pred
+                    if model_alpha:
+                        pred = self._pass(np.repeat(pixels[..., -1:], 3, axis=2)).mean(axis=2, keepdims=True)
+                        pred *= weight
+                        band[rows, cols, 3:] += pred
+                    bar.update()
+                done = (ys.starts[k + 1] if k + 1 < len(ys.starts) else h) * s - base
+                for a in range(0, done, CHUNK_ROWS):
+                    b = min(a + CHUNK_ROWS, done)
+                    norm = ys.total[base + a : base + b, None] * xs.total[None, :]
+                    yield band[a:b] / norm[..., None]
+                kept = y1 * s - base - done  # rows the next row of tiles adds to
+                band[:kept] = band[done : done + kept]
+                band[kept:] = 0
+                base += done
+
+    def _output_rows(self, img: np.ndarray, target: tuple[int, int], tile: int, progress: bool) -> Iterator[np.ndarray]:
+        """The final image, top to bottom, in chunks of rows with the input's channels and dtype."""
+        h, w = img.shape[:2]
+        s = self.scale
+        max_value = float(np.iinfo(img.dtype).max)
+        gray = img.ndim == 2 or img.shape[2] == 2
+        alpha = has_alpha(img)
+        model_alpha = alpha and self.alpha == "model" and int(img[..., -1].min()) < max_value
+        resizer = None
+        if target != (w * s, h * s):
+            shrink = target[0] < w * s
+            resizer = RowResizer((h * s, w * s), target[::-1], "area" if shrink else "lanczos4")
+        made = 0  # model-scale rows made so far
+        for chunk in self._model_rows(img, tile, model_alpha, progress):
+            n = chunk.shape[0]
+            np.clip(chunk, 0, 1, out=chunk)
+            out = chunk[..., :3].mean(axis=2) if gray else chunk[..., :3]
+            if alpha:
+                if model_alpha:
+                    up_alpha = chunk[..., 3]
+                else:  # bicubic, or an opaque alpha (no pass needed): the rows of a whole-image bicubic resize
+                    up_alpha = resize_rows(img[..., -1], (h * s, w * s), "cubic", made, made + n)
+                    up_alpha = np.clip(up_alpha / max_value, 0, 1)
+                out = np.dstack((out, up_alpha))  # (n, W) gray -> (n, W, 2); RGB -> (n, W, 4)
+            made += n
+            if resizer is not None:
+                out = np.clip(resizer.push(out), 0, 1)
+                if not len(out):
+                    continue
+            yield np.round(out * max_value).astype(img.dtype)
+
+    def _check(self, img: np.ndarray) -> None:
+        if img.dtype not in (np.uint8, np.uint16):
+            raise ValueError(f"images must be uint8 or uint16, got {img.dtype}")
+        if img.ndim == 3 and img.shape[2] not in (2, 3, 4) or img.ndim not in (2, 3):
+            raise ValueError(f"images must be (H, W) or (H, W, 2|3|4), got {img.shape}")
+        if min(img.shape[:2]) < 2:
+            raise ValueError(f"image of {img.shape[1]}x{img.shape[0]} pixels is too small to upscale")
+
+    def _job(self, img: np.ndarray, outscale: float | None, progress: bool, sink, **plan_options) -> Readout:
+        self._check(img)
+        return_large_frees_promptly()  # so that the resident memory, not just the live memory, keeps the budget
+        h, w = img.shape[:2]
+        channels = 1 if img.ndim == 2 else img.shape[2]
+        target = output_size(w, h, self.scale, outscale)
+        plan = self.plan(h, w, channels, img.dtype.itemsize, outscale, **plan_options)
+        start = time.perf_counter()
+        with PeakMemory(self.device) as memory:
+            sink(self._output_rows(img, target, plan.tile, progress), target, plan)
+        latency = time.perf_counter() - start
+        side_h, side_w = min(plan.tile or h, h), min(plan.tile or w, w)
+        tiles = 1
+        if plan.tile:
+            overlap = min(2 * self.tile_pad, plan.tile // 2)
+            tiles = len(tile_starts(h, plan.tile, overlap)) * len(tile_starts(w, plan.tile, overlap))
+        return Readout(
+            latency_s=latency,
+            peak_mem_bytes=memory.peak_bytes,
+            tokens=side_h * side_w,
+            tiles=tiles,
+            tile_size=plan.tile,
+            input_size=(w, h),
+            output_size=target,
+            device=str(self.device),
+            precision=self.precision,
+            process_peak_bytes=memory.process_peak_bytes,
+            estimate_bytes=plan.total_bytes,
+            streamed=plan.streamed,
+        )
 
     def upscale(
         self, img: np.ndarray, outscale: float | None = None, progress: bool = False
@@ -250,61 +503,53 @@ class Upscaler:
 
         Returns the image at ``outscale`` (default: the model's scale) with the same channels and dtype.
         """
-        if img.dtype not in (np.uint8, np.uint16):
-            raise ValueError(f"images must be uint8 or uint16, got {img.dtype}")
-        if img.ndim == 3 and img.shape[2] not in (2, 3, 4) or img.ndim not in (2, 3):
-            raise ValueError(f"images must be (H, W) or (H, W, 2|3|4), got {img.shape}")
-        h, w = img.shape[:2]
-        if min(h, w) < 2:
-            raise ValueError(f"image of {w}x{h} pixels is too small to upscale")
-        outscale = float(outscale or self.scale)
-        target = (max(1, round(w * outscale)), max(1, round(h * outscale)))
-        max_value = float(np.iinfo(img.dtype).max)
-        pixels = img.astype(np.float32) / max_value
-        gray = pixels.ndim == 2 or pixels.shape[2] == 2
-        color = pixels if pixels.ndim == 2 else pixels[..., 0] if gray else pixels[..., :3]
-        rgb = np.repeat(color[..., None], 3, axis=2) if gray else color
-        alpha = pixels[..., -1] if has_alpha(pixels) else None
-
-        tile = self.tile_size(h, w)
-        start = time.perf_counter()
-        with PeakMemory(self.device) as memory:
-            out, tiles, tokens = self._run(to_tensor(rgb), tile, progress)
-            out_alpha = None
-            if alpha is not None and self.alpha == "model" and alpha.min() < 1.0:
-                out_alpha = self._run(to_tensor(np.repeat(alpha[..., None], 3, axis=2)), tile, progress)[0]
-        latency = time.perf_counter() - start
-
-        result = out[0].clamp_(0, 1).permute(1, 2, 0).numpy()
-        if gray:
-            result = result.mean(axis=2)
-        if alpha is not None:
-            if out_alpha is not None:
-                up_alpha = out_alpha[0].clamp_(0, 1).mean(0).numpy()
-            else:
-                up_alpha = np.clip(
-                    cv2.resize(alpha, (w * self.scale, h * self.scale), interpolation=cv2.INTER_CUBIC), 0, 1
-                )
-            result = np.dstack((result, up_alpha))  # (H, W) gray -> (H, W, 2); RGB -> (H, W, 4)
-        if target != (w * self.scale, h * self.scale):
-            shrink = target[0] < w * self.scale
-            result = cv2.resize(result, target, interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LANCZOS4)
-            result = np.clip(result, 0, 1)
-        result = np.round(result * max_value).astype(img.dtype)
-        readout = Readout(
-            latency_s=latency,
-            peak_mem_bytes=memory.peak_bytes,
-            tokens=tokens,
-            tiles=tiles,
-            tile_size=tile,
-            input_size=(w, h),
-            output_size=target,
-            device=str(self.device),
-            precision=self.precision,
+        result: list[np.ndarray] = []
+        readout = self._job(
+            img,
+            outscale,
+            progress,
+            lambda rows, target, plan: result.append(assemble(rows, (*target[::-1], *img.shape[2:]), img.dtype)),
         )
-        return result, readout
+        return result[0], readout
+
+    def upscale_to_file(
+        self, img: np.ndarray, path: str | Path, outscale: float | None = None, progress: bool = False
+    ) -> Readout:
+        """Upscale ``img`` (as :meth:`upscale`) into an image file, atomically. The encode is part of the job and
+        of its memory budget; a PNG too large to encode in memory within the budget is written as it is made."""
+        path = Path(path)
+
+        def write(rows, target, plan):
+            if plan.streamed:
+                channels = 1 if img.ndim == 2 else img.shape[2]
+                write_png_rows(path, rows, target[0], target[1], channels, img.dtype)
+            else:
+                write_image_atomic(assemble(rows, (*target[::-1], *img.shape[2:]), img.dtype), path)
+
+        can_stream = path.suffix.lower() == ".png"
+        return self._job(img, outscale, progress, write, can_stream=can_stream, output_copies=1 + ENCODER_COPIES)
 
 
-def to_tensor(img: np.ndarray) -> torch.Tensor:
-    """(H, W, 3) float32 -> (1, 3, H, W)."""
-    return torch.from_numpy(np.ascontiguousarray(img)).permute(2, 0, 1)[None]
+def assemble(rows: Iterator[np.ndarray], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Bands of rows -> one (H, W[, C]) image, filled in place as they come."""
+    out = np.empty(shape, dtype)
+    at = 0
+    for band in rows:
+        out[at : at + len(band)] = band
+        at += len(band)
+    return out
+
+
+def output_size(width: int, height: int, scale: int, outscale: float | None) -> tuple[int, int]:
+    """(width, height) of the result: the model's scale, or ``outscale`` rounded to whole pixels."""
+    factor = float(outscale or scale)
+    return max(1, round(width * factor)), max(1, round(height * factor))
+
+
+def color_of(pixels: np.ndarray) -> np.ndarray:
+    """The three channels the network sees: RGB as is, gray (and gray+alpha) repeated."""
+    if pixels.ndim == 2:
+        return np.repeat(pixels[..., None], 3, axis=2)
+    if pixels.shape[2] == 2:
+        return np.repeat(pixels[..., :1], 3, axis=2)
+    return pixels[..., :3]
