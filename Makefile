@@ -71,7 +71,7 @@ weights-diffusion: $(STAMP)
 	for run in $(DIGITS_RUNS); do \
 		cfg=$${run%%:*}; name=$${run##*:}; \
 		$(BIN)/nala-gen train --config options/diffusion/$$cfg.yml --resume latest || exit 1; \
-		$(BIN)/nala-gen export experiments/$$cfg --name $$name || exit 1; done
+		$(BIN)/nala-gen export experiments/$$cfg --name $$name --out weights || exit 1; done
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .ruff_cache *.egg-info

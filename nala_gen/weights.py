@@ -1,9 +1,12 @@
 """Named, checksummed weights.
 
-A named weight ``NAME`` is a card ``NAME.json`` in the weights folder (``weights/`` of this repository, or the
-folder in ``$NALA_GEN_WEIGHTS``) beside its payload: ``NAME.safetensors`` for a network, or a folder ``NAME/``
-for a diffusers pipeline. The card holds the task, the architecture and its config, the payload's sha256, and
-how the weights were trained (data, iterations, time, the command that made them).
+A named weight ``NAME`` is a card ``NAME.json`` in a weights folder beside its payload: ``NAME.safetensors`` for
+a network, or a folder ``NAME/`` for a diffusers pipeline. The folders searched, first match wins: those in
+``$NALA_GEN_WEIGHTS`` (``os.pathsep``-separated), the user's folder (``$XDG_DATA_HOME/nala_gen/weights``, by
+default ``~/.local/share/nala_gen/weights``: where ``nala-sr export`` and ``nala-gen export`` write), and the
+weights that ship inside the package (:mod:`nala_gen.resources`). The card holds the task, the architecture
+and its config, the payload's sha256, and how the weights were trained (data, iterations, time, the command
+that made them).
 
 Nothing is ever unpickled: payloads are safetensors, and BasicSR checkpoints (``.pth``) are read with
 ``torch.load(weights_only=True)``.
@@ -19,8 +22,9 @@ from pathlib import Path
 
 import torch
 
+from nala_gen.resources import shipped_weights
+
 ENV_DIR = "NALA_GEN_WEIGHTS"
-REPO_WEIGHTS = Path(__file__).resolve().parents[1] / "weights"
 
 
 class WeightsError(ValueError):
@@ -44,10 +48,16 @@ class WeightCard:
         return self.config.get("upscale")
 
 
+def user_weights_dir() -> Path:
+    """The user's own weights folder: ``$XDG_DATA_HOME/nala_gen/weights`` (``~/.local/share/...`` by default)."""
+    data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data_home) / "nala_gen" / "weights"
+
+
 def weights_dirs() -> list[Path]:
-    """Folders searched for named weights: ``$NALA_GEN_WEIGHTS`` first, then the repository's ``weights/``."""
+    """Folders searched for named weights, in order: ``$NALA_GEN_WEIGHTS``, the user's folder, the shipped ones."""
     dirs = [Path(p) for p in os.environ.get(ENV_DIR, "").split(os.pathsep) if p]
-    return [*dirs, REPO_WEIGHTS]
+    return [*dirs, user_weights_dir(), shipped_weights()]
 
 
 def sha256_of(path: Path) -> str:

@@ -92,8 +92,8 @@ def app(tmp_path_factory):
         return connect(self, address, *args)
 
     patch.setattr(socket.socket, "connect", recording_connect)  # every connection this process opens
-    from apps.engine import AppConfig
-    from apps.nala_app import build_demo, launch
+    from nala_gen.app.engine import AppConfig
+    from nala_gen.app.ui import build_demo, launch
 
     config = AppConfig(max_pixels=MAX_PIXELS, max_file_size="2mb")
     demo = build_demo(config)
@@ -201,7 +201,7 @@ def test_api_generate(client):
 
 # -------------------------------------------------------------------------------------------------------- scaling
 def test_scaling_rows():
-    from apps import scaling
+    from nala_gen.app import scaling
 
     explicit = scaling.measure_live("softmax_explicit", 71_680, budget=2**30)
     assert explicit[0] == "computed" and explicit[3] is None and "164.4 GB" in explicit[5]
@@ -331,7 +331,7 @@ def test_no_outside_connection_from_the_server(app):
 
 
 def test_generate_tab_lists_nala_models_before_their_softmax_twin():
-    from apps.engine import AppConfig, Engine
+    from nala_gen.app.engine import AppConfig, Engine
     from nala_gen.weights import resolve
 
     specs = [spec for spec, _ in Engine(AppConfig()).diffusion_models()]

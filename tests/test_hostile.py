@@ -229,7 +229,7 @@ def test_prepare_refuses_empty_results_and_negative_limits(tmp_path):
 
 def test_the_apps_upscale_tab_defaults_to_nalasr():
     pytest.importorskip("gradio")
-    from apps.nala_app import _preferred_model, _scale_choices
+    from nala_gen.app.ui import _preferred_model, _scale_choices
 
     choices = [("esrt-x4 · x4", "esrt-x4"), ("nalasr-light-x4 · x4", "nalasr-light-x4")]
     assert _preferred_model(choices, 4) == "nalasr-light-x4"  # ESRT is minutes slower at large inputs

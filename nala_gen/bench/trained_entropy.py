@@ -28,6 +28,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nala_gen.resources import sample_image
+
 KERNELS = ("softmax", "relu", "elu1", "nala")
 # model name -> (task, the kernel the model itself uses)
 MODELS = {
@@ -36,7 +38,7 @@ MODELS = {
     "naladit-digits": ("diffusion", "nala"),
     "naladit-digits-softmax": ("diffusion", "softmax"),
 }
-SR_SAMPLE = Path(__file__).resolve().parents[2] / "assets" / "chelsea_lr_x4.png"
+SR_SAMPLE = sample_image()
 Records = list[tuple[torch.Tensor, torch.Tensor]]
 
 

@@ -291,9 +291,11 @@ def export(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="nala-gen export", description="A trained pipeline -> named weights.")
     parser.add_argument("source", type=Path, help="a training's output_dir or its pipeline folder")
     parser.add_argument("--name", required=True)
-    parser.add_argument("--out", type=Path, default=Path("weights"))
+    parser.add_argument("--out", type=Path, help="weights folder (default: the user's, searched by every command)")
     args = parser.parse_args(argv)
-    card = export_pipeline(args.source, args.name, args.out)
+    from nala_gen.weights import user_weights_dir
+
+    card = export_pipeline(args.source, args.name, args.out or user_weights_dir())
     print(f"wrote {card} and {card.with_suffix('')}/")
     return 0
 

@@ -262,15 +262,18 @@ def export(argv: list[str]) -> int:
     parser.add_argument("checkpoint")
     parser.add_argument("--opt", required=True, help="the BasicSR option file it was trained with")
     parser.add_argument("--name", required=True)
-    parser.add_argument("--out", default="weights")
+    parser.add_argument("--out", help="weights folder (default: the user's, searched by every command)")
     parser.add_argument("--info", default="{}", help="JSON object of training facts for the card")
     parser.add_argument(
         "--param-key", choices=["params", "params_ema"], help="which weights (default: params_ema when present)"
     )
     args = parser.parse_args(argv)
+    from nala_gen.weights import user_weights_dir
+
     from .models import export_checkpoint
 
-    card = export_checkpoint(args.checkpoint, args.opt, args.name, args.out, json.loads(args.info), args.param_key)
+    out = args.out or user_weights_dir()
+    card = export_checkpoint(args.checkpoint, args.opt, args.name, out, json.loads(args.info), args.param_key)
     print(f"wrote {card} and {card.with_suffix('.safetensors')}")
     return 0
 

@@ -13,12 +13,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
+from nala_gen.resources import sample_image
+
 from .evaluate import bicubic_upscale
 from .imageio import read_image, write_image_atomic
 from .models import load_sr_model
 from .upscaler import Upscaler
 
-SAMPLE = Path(__file__).resolve().parents[2] / "assets" / "chelsea_lr_x4.png"
+SAMPLE = sample_image()
 
 
 def labelled(img: np.ndarray, text: str) -> Image.Image:

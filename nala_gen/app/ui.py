@@ -1,7 +1,7 @@
 """``nala-app``: the NaLa web app (Gradio): upscale images, generate class-conditional samples, see attention scale.
 
     nala-app [--host 127.0.0.1] [--port 7860] [--max-pixels 4000000] [--max-file-size 20mb] [--pipeline DIR ...]
-    python -m apps.nala_app ...
+    python -m nala_gen.app.ui ...      (or apps/app.py in the repository)
 
 Tabs:
 
@@ -34,8 +34,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 import gradio as gr  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from apps import scaling  # noqa: E402
-from apps.engine import SAMPLE, AppConfig, Engine, UserError, devices, one_line, precisions  # noqa: E402
+from nala_gen.app import scaling  # noqa: E402
+from nala_gen.app.engine import SAMPLE, AppConfig, Engine, UserError, devices, one_line, precisions  # noqa: E402
 
 log = logging.getLogger("nala_app")
 CONCURRENCY_ID = "compute"  # every heavy event shares one slot: two users never double the memory
@@ -179,7 +179,7 @@ def build_upscale_tab(engine: Engine) -> dict:
         """Upscale an image with a named super-resolution model; returns (before/after, PNG, readout, JSON)."""
         import cv2
 
-        from apps.engine import to_display
+        from nala_gen.app.engine import to_display
 
         progress(0, desc="upscaling")
         lr, sr, record, path = _guard(

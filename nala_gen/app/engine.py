@@ -21,8 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-SAMPLE = REPO / "assets" / "chelsea_lr_x4.png"
+from nala_gen.resources import sample_image, shipped_results
+
+SAMPLE = sample_image()
 TILE_MODES = ("auto", "off", "size")
 SCHEDULERS = {  # key -> label; keys are nala-gen sample's --scheduler names
     "ddim": "DDIM",
@@ -47,7 +48,7 @@ class AppConfig:
     max_pixels: int = 4_000_000
     max_file_size: str = "20mb"
     pipelines: list[str] = field(default_factory=list)
-    results_dir: Path = REPO / "benchmarks" / "results"
+    results_dir: Path = shipped_results()
     keep_outputs: int = 16
 
 
