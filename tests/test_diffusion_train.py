@@ -238,7 +238,7 @@ def test_sample_writes_the_requested_size_and_grid(trained, tmp_path, capsys):
     record = json.loads(stdout)
     assert code == 0 and record["output"] == str(grid) and record["mode"] == "flow"
     assert record["classes"] == list(range(10)) and record["tokens"] == 16 and record["steps"] == 2
-    assert record["latency_s"] > 0 and record["peak_mem_bytes"] >= 0 and record["batch"] == 60
+    assert record["latency_s"] > 0 and record["peak_mem_bytes"] < 2**30 and record["batch"] == 60
     with Image.open(grid) as img:
         assert img.size == (3 * 8 * 2, 10 * 8 * 2)  # one row per class, three samples each
 

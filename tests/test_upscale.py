@@ -208,7 +208,9 @@ def test_json_readout(tmp_path, weights, capsys):
     assert len(records) == 2
     for record in records:
         assert record["status"] == "ok" and record["tokens"] == 16 * 20
-        assert record["latency_s"] > 0 and record["peak_mem_bytes"] >= 0
+        assert record["latency_s"] > 0 and record["estimate_mib"] > 0
+        # The job's peak is part of the process's (which holds torch and the model: well over 100 MiB).
+        assert record["process_peak_mib"] > 100 and record["peak_mem_mib"] <= record["process_peak_mib"]
         assert read_image(record["output"]).shape == (64, 80, 3)
 
 

@@ -25,7 +25,7 @@ from nala_gen.resources import sample_image, shipped_results
 
 SAMPLE = sample_image()
 TILE_MODES = ("auto", "off", "size")
-SCHEDULERS = {  # key -> label; keys are nala-gen sample's --scheduler names
+SCHEDULER_LABELS = {  # key -> label; keys are the library's scheduler names (nala_gen.diffusion.loading)
     "ddim": "DDIM",
     "ddpm": "DDPM",
     "dpm": "DPM-Solver++",
@@ -243,7 +243,7 @@ class Engine:
     # --------------------------------------------------------------------------------------------- generation
     def pipeline(self, spec: str):
         """(pipeline, display name), loaded once (sha256 checked) and cached."""
-        from nala_gen.diffusion.cli import load_pipeline
+        from nala_gen.diffusion.loading import load_pipeline
         from nala_gen.weights import WeightsError
 
         if not spec:
@@ -264,6 +264,8 @@ class Engine:
 
     def pipeline_options(self, spec: str) -> dict:
         """Class choices, scheduler choices and the saved scheduler of a pipeline, for the form."""
+        from nala_gen.diffusion.loading import scheduler_key, scheduler_names
+
         with self.lock:
             pipe, _, saved = self.pipeline(spec)
         classes = [(name, str(i)) for i, name in sorted(pipe.id2label.items())]
@@ -271,18 +273,12 @@ class Engine:
         if not classes:
             classes = [(str(i), str(i)) for i in range(num_classes)]
         classes.append((UNCONDITIONAL, str(num_classes)))
-        flow = "FlowMatch" in type(saved).__name__
-        keys = ("euler", "heun") if flow else ("ddim", "ddpm", "dpm")
-        saved_key = {
-            "DDIMScheduler": "ddim",
-            "DDPMScheduler": "ddpm",
-            "DPMSolverMultistepScheduler": "dpm",
-            "FlowMatchEulerDiscreteScheduler": "euler",
-            "FlowMatchHeunDiscreteScheduler": "heun",
-        }.get(type(saved).__name__, keys[0])
+        flow = pipe.is_flow
+        keys = scheduler_names(pipe)
+        saved_key = scheduler_key(saved)
         return {
             "classes": classes,
-            "schedulers": [(SCHEDULERS[k], k) for k in keys],
+            "schedulers": [(SCHEDULER_LABELS[k], k) for k in keys],
             "scheduler": saved_key if saved_key in keys else keys[0],
             "mode": "SiT (flow matching)" if flow else "DiT (epsilon)",
             "sample_size": pipe.transformer.config.sample_size * pipe.vae_scale_factor,
@@ -308,7 +304,8 @@ class Engine:
         from PIL import Image
 
         from nala_gen.devices import pick_device
-        from nala_gen.diffusion.cli import make_grid, save_atomic, set_scheduler
+        from nala_gen.diffusion.images import make_grid, save_atomic
+        from nala_gen.diffusion.loading import new_scheduler
 
         steps, num_images, seed = int(steps or 0), int(num_images or 0), int(seed or 0)
         if not 1 <= steps <= 1000:
@@ -322,8 +319,9 @@ class Engine:
             try:
                 label = int(class_id) if str(class_id).strip().lstrip("-").isdigit() else class_id
                 ids = pipe.get_label_ids(label if label is not None else 0)
-                pipe.scheduler = saved  # the saved one, then the requested one built from its config
-                used = set_scheduler(pipe, scheduler or None)
+                # Under the lock, every request sets its own: the saved scheduler, or a new one built from its config.
+                pipe.scheduler = new_scheduler(pipe, scheduler, saved) if scheduler else saved
+                used = type(pipe.scheduler).__name__
                 pipe.to(pick_device(device))
                 pipe.set_progress_bar_config(desc="denoising", leave=False)
                 images = pipe(

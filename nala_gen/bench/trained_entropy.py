@@ -60,7 +60,7 @@ def sr_queries_keys(name: str, crop: int = 48) -> Records:
 def diffusion_queries_keys(name: str, steps: int = 10, seed: int = 0) -> Records:
     """The (q, k) of every attention call while ``name`` samples one image of each class with guidance 2."""
     from nala_gen.attention import record_queries_keys
-    from nala_gen.diffusion.cli import load_pipeline
+    from nala_gen.diffusion.loading import load_pipeline
 
     pipe, _ = load_pipeline(name)
     pipe.set_progress_bar_config(disable=True)

@@ -16,7 +16,6 @@ checked first.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shutil
@@ -24,95 +23,9 @@ import sys
 from pathlib import Path
 
 from nala_gen.cliargs import bounded, interruptible
-from nala_gen.fileio import write_atomic
 
-EPSILON_SCHEDULERS = ("ddpm", "ddim", "dpm")
-FLOW_SCHEDULERS = ("euler", "heun")
-
-
-# ------------------------------------------------------------------------------------------------------ loading
-def load_pipeline(spec: str):
-    """A :class:`NaLaDiTPipeline` from a pipeline folder or a verified named weight (task ``diffusion``).
-
-    Returns:
-        (pipeline, display name)
-    """
-    from nala_gen.weights import WeightsError, resolve, verify
-
-    path = Path(spec)
-    if path.is_dir() and (path / "model_index.json").is_file():
-        return _from_pretrained(path), str(path)
-    card = resolve(spec)
-    if card.task != "diffusion":
-        raise WeightsError(f"{card.name} holds {card.task!r} weights, not a diffusion pipeline")
-    if not (card.payload / "model_index.json").is_file():
-        raise WeightsError(f"{card.payload} is not a diffusers pipeline folder")
-    verify(card)
-    return _from_pretrained(card.payload), card.name
-
-
-def _from_pretrained(folder: Path):
-    from diffusers.utils import logging
-
-    from nala_gen.weights import check_finite
-
-    from .pipeline import NaLaDiTPipeline
-
-    # diffusers' "Loading pipeline components" bar would bury the one line a CLI user needs on stderr.
-    enabled = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()
-    try:
-        pipe = NaLaDiTPipeline.from_pretrained(folder)
-    finally:
-        if enabled:
-            logging.enable_progress_bar()
-    for name in ("transformer", "vae"):
-        component = getattr(pipe, name, None)
-        if component is not None:
-            check_finite(component.state_dict().items(), f"{folder} ({name})")
-    return pipe
-
-
-def set_scheduler(pipe, name: str | None) -> str:
-    """Swap the pipeline's scheduler for ``name`` (built from the saved config); returns the scheduler's name."""
-    from diffusers import (
-        DDIMScheduler,
-        DDPMScheduler,
-        DPMSolverMultistepScheduler,
-        FlowMatchEulerDiscreteScheduler,
-        FlowMatchHeunDiscreteScheduler,
-    )
-
-    classes = {
-        "ddpm": DDPMScheduler,
-        "ddim": DDIMScheduler,
-        "dpm": DPMSolverMultistepScheduler,
-        "euler": FlowMatchEulerDiscreteScheduler,
-        "heun": FlowMatchHeunDiscreteScheduler,
-    }
-    if name is None:
-        return type(pipe.scheduler).__name__
-    allowed = FLOW_SCHEDULERS if pipe.is_flow else EPSILON_SCHEDULERS
-    if name not in allowed:
-        kind = "a flow-matching (SiT)" if pipe.is_flow else "an epsilon (DiT)"
-        raise ValueError(f"scheduler {name!r} does not fit {kind} model; use {', '.join(allowed)}")
-    pipe.scheduler = classes[name].from_config(pipe.scheduler.config)
-    return classes[name].__name__
-
-
-def parse_classes(text: str, pipe) -> list[int]:
-    """``all``, or comma-separated class ids and/or names -> class ids (ValueError for unknown ones)."""
-    if text.strip().lower() == "all":
-        return list(range(pipe.transformer.config.num_classes))
-    items: list[int | str] = []
-    for item in (t.strip() for t in text.split(",")):
-        if not item:
-            raise ValueError(f"empty class in {text!r}")
-        if not item.lstrip("+-").isdigit() and item.lower() not in pipe.labels:
-            known = ", ".join(pipe.id2label.values()) or "none: this model has no class names, use ids"
-            raise ValueError(f"unknown class name {item!r} (known: {known})")
-        items.append(int(item) if item.lstrip("+-").isdigit() else item)
-    return pipe.get_label_ids(items)
+from .images import image_format, make_grid, save_atomic
+from .loading import SCHEDULERS, load_pipeline, new_scheduler, parse_classes
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -124,34 +37,6 @@ def parse_size(text: str) -> tuple[int, int]:
     if len(parts) not in (1, 2) or min(parts) <= 0:
         raise argparse.ArgumentTypeError(f"size {text!r} is not PX or HxW")
     return (parts[0], parts[-1])
-
-
-# ------------------------------------------------------------------------------------------------------ images
-def make_grid(images: list, rows: int, cols: int):
-    """PIL images (all the same size and mode), row-major -> one PIL image of rows x cols tiles."""
-    from PIL import Image
-
-    width, height = images[0].size
-    grid = Image.new(images[0].mode, (cols * width, rows * height))
-    for i, img in enumerate(images):
-        grid.paste(img, ((i % cols) * width, (i // cols) * height))
-    return grid
-
-
-def image_format(path: Path) -> str:
-    from PIL import Image
-
-    fmt = Image.registered_extensions().get(path.suffix.lower())
-    if fmt is None:
-        raise ValueError(f"cannot tell the image format of {path} from its suffix (use .png, .jpg, .webp...)")
-    return fmt
-
-
-def save_atomic(img, path: Path) -> Path:
-    """Encode into a temporary file beside ``path``, then rename it into place (no half-written outputs)."""
-    buffer = io.BytesIO()
-    img.save(buffer, format=image_format(path))
-    return write_atomic(path, buffer.getvalue())
 
 
 # ------------------------------------------------------------------------------------------------------ commands
@@ -167,7 +52,7 @@ def sample(argv: list[str]) -> int:
         "--cfg", type=bounded(float, 1, 100), default=1.0, help="classifier-free guidance scale (1: off, up to 100)"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--scheduler", choices=[*EPSILON_SCHEDULERS, *FLOW_SCHEDULERS], help="default: the saved one")
+    parser.add_argument("--scheduler", choices=list(SCHEDULERS), help="default: the saved one")
     parser.add_argument("--size", type=parse_size, help="sample size PX or HxW (default: the training size)")
     parser.add_argument(
         "--zoom", type=bounded(int, 1, 32), default=1, help="enlarge the written image K times (nearest, up to 32)"
@@ -187,7 +72,9 @@ def sample(argv: list[str]) -> int:
     try:
         image_format(args.output)
         pipe, name = load_pipeline(args.model)
-        scheduler = set_scheduler(pipe, args.scheduler)
+        if args.scheduler:
+            pipe.scheduler = new_scheduler(pipe, args.scheduler)
+        scheduler = type(pipe.scheduler).__name__
         classes = parse_classes(args.classes, pipe)
         device = pick_device(args.device)
         pipe.to(device)

@@ -129,7 +129,7 @@ def evaluate(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .cli import load_pipeline, set_scheduler
+    from .loading import load_pipeline, new_scheduler
 
     parser = argparse.ArgumentParser(prog="nala-gen quality", description=__doc__.split("\n")[0])
     parser.add_argument("-m", "--model", required=True, help="pipeline folder or named weights")
@@ -141,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="add the result under the model's name in this file")
     args = parser.parse_args(argv)
     pipe, _ = load_pipeline(args.model)
-    set_scheduler(pipe, args.scheduler)
+    if args.scheduler:
+        pipe.scheduler = new_scheduler(pipe, args.scheduler)
     result = evaluate(pipe, args.per_class, args.steps, args.cfg, args.seed)
     print(json.dumps(result, indent=1))
     if args.json:
