@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(BIN)/nala-bench entropy
 	$(BIN)/nala-bench sr
 	$(BIN)/nala-bench upscale
+	$(BIN)/nala-bench upscale-memory
 	$(BIN)/nala-bench trained-entropy
 	test -d datasets/mini || $(BIN)/nala-sr prepare mini
 	$(BIN)/nala-bench sr-ablation --iters 500

@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from nala_gen.attention import report_queries_keys
@@ -297,9 +298,9 @@ class ESRTLayout(nn.Module):
         return self.tail(self.reduce(self.body(shallow))) + self.skip(shallow)
 
 
-class ESRT(ESRTLayout):
+class ESRT(ESRTLayout, PyTorchModelHubMixin, library_name="nala_gen", tags=["super-resolution", "esrt"]):
     """ESRT with efficient multi-head attention (split softmax). 751,767 parameters at x4 (677,783 at x2,
-    770,263 at x3), as published.
+    770,263 at x3), as published. ``save_pretrained`` / ``from_pretrained`` as :class:`NaLaSR`.
 
     Args:
         num_in_ch, num_out_ch: image channels in and out (3).
