@@ -67,3 +67,32 @@ def test_spandrel_reads_the_block_switches_from_the_weights(tmp_path):
     descriptor = spandrel.ModelLoader().load_from_file(str(tmp_path / "m.safetensors"))
     assert descriptor.scale == 3 and descriptor.architecture.id == "NaLaSR"
     assert descriptor.model.state_dict().keys() == model.state_dict().keys()
+
+
+@pytest.mark.slow
+def test_onnx_export_matches_pytorch_and_drives_the_upscaler(tmp_path):
+    pytest.importorskip("onnxruntime")
+    import numpy as np
+
+    from nala_gen.sr.onnx_export import OnnxSR, export_onnx, parity
+    from nala_gen.sr.upscaler import Upscaler
+
+    torch.manual_seed(0)
+    model = NaLaSR(num_feat=16, num_block=1, num_heads=4, upscale=2).eval()
+    path = tmp_path / "tiny.onnx"
+    error = export_onnx(model, path)
+    assert error < 1e-4 and path.is_file() and [p.name for p in tmp_path.iterdir()] == ["tiny.onnx"]
+    assert parity(model, path, sizes=((19, 33), (40, 24)), seed=1) < 1e-4  # sizes the export never saw
+    img = np.random.default_rng(0).integers(0, 256, (30, 26, 3), dtype=np.uint8)
+    ours, _ = Upscaler(model, 2, tile=0).upscale(img)
+    theirs, _ = Upscaler(OnnxSR(path), 2, tile=0).upscale(img)
+    assert np.abs(ours.astype(int) - theirs.astype(int)).max() <= 1
+
+
+def test_export_onnx_refuses_esrt_in_one_line(tmp_path, capsys):
+    from nala_gen.sr.cli import main
+
+    code = main(["export-onnx", "esrt-x4", "-o", str(tmp_path / "esrt.onnx")])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1 and "only NaLaSR exports" in err
+    assert not any(tmp_path.iterdir())

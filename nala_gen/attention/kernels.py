@@ -118,7 +118,9 @@ def safe_keys(name: str, k: Tensor, **options) -> Tensor:
     if not kernel(name).raw_keys(options):
         return k
     amax = upcast(k).abs().amax(dim=(-2, -1), keepdim=True)
-    if not bool((amax > RAW_KEY_LIMIT).any()):
+    # Eagerly, skip the pass when nothing is that large; traced (torch.export, ONNX, compile) there is no
+    # data-dependent branch: dividing by exactly 1 leaves the keys as they are.
+    if not torch.compiler.is_compiling() and not bool((amax > RAW_KEY_LIMIT).any()):
         return k
     return upcast(k) / torch.where(amax > RAW_KEY_LIMIT, amax, torch.ones_like(amax)).detach()
 

@@ -6,7 +6,12 @@ it reports the median latency (the readout ``nala-sr upscale --json`` prints), t
 largest peak memory of the timed calls. ``--tile auto`` uses a fixed ``--memory-budget-mb`` (not the free
 memory of the moment) so the tiling, and with it the figure, is the same on every run.
 
+With ``--engines torch onnxruntime`` each NaLaSR point also runs through onnxruntime: the network exported
+once (``nala-sr export-onnx``, not timed) and driven by the same engine (tiles, blending), so the two runtimes are
+compared side by side on the same job. ESRT does not export to ONNX (see :mod:`nala_gen.sr.onnx_export`).
+
     nala-bench upscale [--models nalasr-light-x4 esrt-x4] [--sides 125 250 500] [--tiles auto 128]
+                       [--engines torch onnxruntime]
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 from nala_gen.bench.common import limit_memory, machine_info, run_worker, write_cost_results
@@ -35,13 +41,20 @@ def sample_input(side: int):
         return np.asarray(img.convert("RGB").resize((side, side), Image.BICUBIC))
 
 
-def worker(model: str, side: int, tile: str, repeats: int, budget_mb: float, device: str, mem_limit: int) -> dict:
+def worker(
+    model: str, side: int, tile: str, repeats: int, budget_mb: float, device: str, mem_limit: int, onnx: str | None
+) -> dict:
     from nala_gen.sr.models import load_sr_model
     from nala_gen.sr.upscaler import Upscaler
 
     if device == "cpu":
         limit_memory(mem_limit)
-    net, _ = load_sr_model(model, 4)
+    if onnx:
+        from nala_gen.sr.onnx_export import OnnxSR
+
+        net = OnnxSR(onnx)
+    else:
+        net, _ = load_sr_model(model, 4)
     engine = Upscaler(net, 4, device, tile=tile if tile == "auto" else int(tile), memory_budget=int(budget_mb * 2**20))
     img = sample_input(side)
     _, cold = engine.upscale(img)
@@ -63,6 +76,40 @@ def worker(model: str, side: int, tile: str, repeats: int, budget_mb: float, dev
     }
 
 
+def onnx_file(model: str, folder: str) -> str | None:
+    """The model exported to ONNX in ``folder`` (once, not timed), or None for a network that does not export."""
+    from nala_gen.sr.models import load_sr_model
+    from nala_gen.sr.onnx_export import export_onnx
+
+    net, info = load_sr_model(model, 4)
+    if info["arch"] != "NaLaSR":
+        print(f"{model:<16} onnxruntime: skipped ({info['arch']} does not export to ONNX)", flush=True)
+        return None
+    path = str(Path(folder) / f"{model}.onnx")
+    export_onnx(net, path)
+    return path
+
+
+def point(args, model: str, engine: str, onnx: str | None, tile: str, side: int, limit: int) -> dict:
+    """One fresh worker process: (model, engine, tile, side) -> its row."""
+    worker_args = ["--worker", model, str(side), tile, "--repeats", str(args.repeats)]
+    worker_args += ["--memory-budget-mb", str(args.memory_budget_mb), "--device", args.device]
+    worker_args += ["--mem-limit-gb", str(args.mem_limit_gb)] + (["--onnx", onnx] if onnx else [])
+    result = run_worker("nala_gen.bench.upscale_throughput", worker_args, timeout=args.timeout)
+    series = f"{model}, tile {tile}" + (f", {engine}" if engine != "torch" else "")
+    row = {"model": model, "engine": engine, "tile": tile, "series": series, "lr_side": side}
+    row.update({"tokens": side * side, "limit_bytes": limit, **result})
+    shown = (
+        f"{row['output_megapixels']:5.2f} MP out in {row['latency_s']:6.2f} s = "
+        f"{row['megapixels_per_s']:.3f} MP/s, peak {row['peak_extra_bytes'] / 2**20:6.0f} MiB, "
+        f"{row['tiles']} tile(s) of {row['tile_size'] or side}"
+        if row["status"] == "ok"
+        else f"{row['status']}: {row.get('note', '')[:90]}"
+    )
+    print(f"{model:<16} {engine:<11} tile {tile:<5} {side:>4}x{side:<4} {shown}", flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nala-bench upscale", description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), help="named x4 weights")
@@ -74,35 +121,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per point")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        default=["torch", "onnxruntime"],
+        choices=["torch", "onnxruntime"],
+        help="runtimes of the network",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SIDE", "TILE"), help=argparse.SUPPRESS)
+    parser.add_argument("--onnx", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     limit = int(args.mem_limit_gb * 2**30)
 
     if args.worker:
         model, side, tile = args.worker
-        result = worker(model, int(side), tile, args.repeats, args.memory_budget_mb, args.device, limit)
+        result = worker(model, int(side), tile, args.repeats, args.memory_budget_mb, args.device, limit, args.onnx)
         print(json.dumps(result))
         return 0
 
     rows = []
-    for model in args.models:
-        for tile in args.tiles:
-            for side in args.sides:
-                worker_args = ["--worker", model, str(side), tile, "--repeats", str(args.repeats)]
-                worker_args += ["--memory-budget-mb", str(args.memory_budget_mb), "--device", args.device]
-                worker_args += ["--mem-limit-gb", str(args.mem_limit_gb)]
-                result = run_worker("nala_gen.bench.upscale_throughput", worker_args, timeout=args.timeout)
-                row = {"model": model, "tile": tile, "series": f"{model}, tile {tile}", "lr_side": side}
-                row.update({"tokens": side * side, "limit_bytes": limit, **result})
-                rows.append(row)
-                shown = (
-                    f"{row['output_megapixels']:5.2f} MP out in {row['latency_s']:6.2f} s = "
-                    f"{row['megapixels_per_s']:.3f} MP/s, peak {row['peak_extra_bytes'] / 2**20:6.0f} MiB, "
-                    f"{row['tiles']} tile(s) of {row['tile_size'] or side}"
-                    if row["status"] == "ok"
-                    else f"{row['status']}: {row.get('note', '')[:90]}"
-                )
-                print(f"{model:<16} tile {tile:<5} {side:>4}x{side:<4} {shown}", flush=True)
+    with tempfile.TemporaryDirectory() as onnx_dir:
+        runs = [
+            (m, e, onnx_file(m, onnx_dir) if e == "onnxruntime" else None) for m in args.models for e in args.engines
+        ]
+        for model, engine, onnx in runs:
+            if engine == "onnxruntime" and onnx is None:
+                continue  # not exportable (ESRT)
+            for tile in args.tiles:
+                for side in args.sides:
+                    rows.append(point(args, model, engine, onnx, tile, side, limit))
 
     machine = machine_info(args.device)
     result = {

@@ -3,6 +3,7 @@
     nala-sr upscale photo.png --scale 4 [-o out.png] [--outscale 3.5] [--tile auto] [--json]
     nala-sr models
     nala-sr export experiments/X/models/net_g_latest.pth --opt X.yml --name my-model [--out weights]
+    nala-sr export-onnx nalasr-light-x4 -o nalasr-light-x4.onnx
     nala-sr evaluate --data datasets/mini/val --scale 4 --models bicubic nalasr-light-x4
 nala-sr train -opt options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml [--auto_resume] [...BasicSR flags]
 nala-sr test  -opt options/test/NaLaSR/test_NaLaSR_light_x4_mini.yml
@@ -278,13 +279,54 @@ def export(argv: list[str]) -> int:
     return 0
 
 
+def export_onnx(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="nala-sr export-onnx", description="Named weights -> ONNX (dynamic height and width), checked."
+    )
+    parser.add_argument("model", help="named weights (nala-sr models), a .safetensors/.json, or a .pth with --opt")
+    parser.add_argument("-o", "--output", required=True, help="the .onnx file to write")
+    parser.add_argument("-s", "--scale", type=int, help="the model's scale (default: from its card)")
+    parser.add_argument("--opt", help="BasicSR option file describing a .pth checkpoint's network")
+    args = parser.parse_args(argv)
+    from nala_gen.weights import WeightsError
+
+    from .models import load_sr_model
+    from .onnx_export import CHECK_SIZES, export_onnx
+
+    try:
+        model, info = load_sr_model(args.model, args.scale, args.opt)
+    except WeightsError as err:
+        print(f"nala-sr export-onnx: error: {err}", file=sys.stderr)
+        return 1
+    if info["arch"] != "NaLaSR":
+        print(
+            f"nala-sr export-onnx: error: {info['name']} is {info['arch']}; only NaLaSR exports (ESRT's split softmax "
+            "has a size-dependent number of segments, which ONNX fixes at the traced size)",
+            file=sys.stderr,
+        )
+        return 1
+    error = export_onnx(model, args.output)
+    sizes = " and ".join(f"{w}x{h}" for h, w in CHECK_SIZES)
+    print(
+        f"wrote {args.output} ({info['name']}, x{info['scale']}): onnxruntime matches PyTorch to {error:.1e} on {sizes}"
+    )
+    return 0
+
+
 def evaluate(argv: list[str]) -> int:
     from .evaluate import main as run
 
     return run(argv)
 
 
-COMMANDS = {"upscale": upscale, "models": models, "export": export, "prepare": prepare, "evaluate": evaluate}
+COMMANDS = {
+    "upscale": upscale,
+    "models": models,
+    "export": export,
+    "export-onnx": export_onnx,
+    "prepare": prepare,
+    "evaluate": evaluate,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

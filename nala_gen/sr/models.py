@@ -36,16 +36,19 @@ def network_from_option(option: str | Path) -> tuple[str, dict]:
     return network.pop("type"), network
 
 
-def load_sr_model(model: str | None, scale: int, option: str | Path | None = None) -> tuple[torch.nn.Module, dict]:
+def load_sr_model(
+    model: str | None, scale: int | None, option: str | Path | None = None
+) -> tuple[torch.nn.Module, dict]:
     """The network and a description of it, from a name, a card/safetensors path, or a BasicSR ``.pth``.
 
     Args:
         model: name (``nala-sr models``), weight card or payload path, or a BasicSR checkpoint (needs ``option``);
             None picks the default model for ``scale``.
-        scale: the scale asked for; a model of another scale is an error.
+        scale: the scale asked for; a model of another scale is an error (None: the model's own; x4 by default).
         option: BasicSR option file describing a ``.pth`` checkpoint's network.
     """
     if model is None:
+        scale = scale or 4
         if scale not in DEFAULT_MODELS:
             raise W.WeightsError(
                 f"no default model for x{scale}; defaults exist for x{', x'.join(map(str, DEFAULT_MODELS))}"
@@ -65,7 +68,7 @@ def load_sr_model(model: str | None, scale: int, option: str | Path | None = Non
         state, source = W.load_state_dict(card), card.name
         info = {"name": card.name, "arch": arch, "source": str(card.payload), **card.info}
     model_scale = config.get("upscale", 4)
-    if model_scale != scale:
+    if scale is not None and model_scale != scale:
         raise W.WeightsError(f"{info['name']} upscales x{model_scale}, not x{scale}")
     net = W.load_into(build_arch(arch, config), state, source)
     return net.eval(), {**info, "scale": model_scale}
