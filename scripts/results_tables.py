@@ -86,18 +86,43 @@ def upscale_table() -> str:
         f"median of {data['repeats']} runs after a warm-up, fresh process per point; input: {data['input']}; "
         f"`--tile auto` with a {data['memory_budget_mb']:.0f} MiB budget.",
         "",
-        "| model | tiles | LR in | MP out | latency | output MP/s | peak memory | passes (tile) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | runtime | tiles | LR in | MP out | latency | output MP/s | peak memory | passes (tile) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         size = f"{r['lr_side']}x{r['lr_side']}"
+        engine = r.get("engine", "torch")
         if r["status"] != "ok":
-            lines.append(f"| {r['model']} | {r['tile']} | {size} | | {r['status']} | | | |")
+            lines.append(f"| {r['model']} | {engine} | {r['tile']} | {size} | | {r['status']} | | | |")
             continue
         tile = r["tile_size"] or "whole"
         lines.append(
-            f"| {r['model']} | {r['tile']} | {size} | {r['output_megapixels']:.2f} | {r['latency_s']:.2f} s | "
-            f"{r['megapixels_per_s']:.3f} | {r['peak_extra_bytes'] / 2**20:,.0f} MiB | {r['tiles']} ({tile}) |"
+            f"| {r['model']} | {engine} | {r['tile']} | {size} | {r['output_megapixels']:.2f} | "
+            f"{r['latency_s']:.2f} s | {r['megapixels_per_s']:.3f} | {r['peak_extra_bytes'] / 2**20:,.0f} MiB | "
+            f"{r['tiles']} ({tile}) |"
+        )
+    return "\n".join(lines)
+
+
+def upscale_memory_table() -> str:
+    data = json.loads((RESULTS / "upscale_memory.json").read_text())
+    mib = 2**20
+    lines = [
+        f"`nala-sr upscale -m {data['model']} --memory-budget-mb {data['budget_mb']:g}`, x4, one fresh process per "
+        f"job; {data['measure']}; fixed cost (libraries, model, a 32x32 job): {data['fixed_bytes'] / mib:,.0f} MiB.",
+        "",
+        "| LR in | out | process peak | budget + fixed | estimate | tile (tiles) | PNG | time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        side = r["lr_side"]
+        if r.get("status") != "ok":
+            lines.append(f"| {side}² | {4 * side}² | {r.get('status')}: {r.get('error', '')} | | | | | |")
+            continue
+        lines.append(
+            f"| {side}² | {4 * side}² | {r['process_peak_rss_bytes'] / mib:,.0f} MiB | "
+            f"{(r['budget_bytes'] + r['fixed_bytes']) / mib:,.0f} MiB | {r['estimate_mib']:,.0f} MiB | "
+            f"{r['tile_size']} ({r['tiles']}) | {'streamed' if r['streamed'] else 'in memory'} | {r['wall_s']:.0f} s |"
         )
     return "\n".join(lines)
 
@@ -182,6 +207,7 @@ TABLES = {
     "sr cost": sr_cost_table,
     "sr quality": sr_quality_table,
     "upscale throughput": upscale_table,
+    "upscale memory": upscale_memory_table,
     "trained entropy": trained_entropy_table,
     "sr ablation": sr_ablation_table,
     "digits quality": digits_quality_table,
