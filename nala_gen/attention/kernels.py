@@ -6,9 +6,11 @@ attention weight of query t on key j is ``phi(q_t) . phi(k_j) / sum_j' phi(q_t) 
 ``nala`` is the paper's kernel (Norm-Aware Linear Attention, arXiv 2506.21137). Per query q with norm
 ``n = |q|`` and direction ``u = q / n``:
 
-* the power ``p(q) = lam * (tau + tanh(n))`` is applied **elementwise** as an exponent to ``|u_i|``, so a
-  longer query gives a peakier feature (lower entropy) - the norm information linear attention otherwise
-  cancels;
+* the power ``p(q) = lam * (tau + tanh(n / gamma))`` is applied **elementwise** as an exponent to ``|u_i|``,
+  so a longer query gives a peakier feature (lower entropy) - the norm information linear attention otherwise
+  cancels. The paper has ``gamma = 1``; since tanh saturates for n > 2 while trained queries sit at norms 3-7,
+  ``norm_scale=gamma`` (our extension, a number or a per-head tensor, e.g. learned) moves the sensitive range
+  to where the norms are;
 * each direction component maps to an angle ``theta(x) = (pi / 4) * tanh(s * x)`` and to the 2-vector
   ``m * (cos theta, sin theta)``. The paper writes ``s = 1`` (the default); ``angle_scale="sqrt_d"`` is our
   option that spreads the angles of unit-vector components (~1/sqrt(d)) over the whole tanh;
@@ -177,9 +179,17 @@ def _robust_direction(x: Tensor) -> tuple[Tensor, Tensor]:
     return amax * length, unit
 
 
-def query_power(norm: Tensor, lam: float = 3.0, tau: float = 0.5) -> Tensor:
-    """The paper's norm-aware exponent p(q) = lam * (tau + tanh |q|), in [lam*tau, lam*(tau+1))."""
-    return lam * (tau + torch.tanh(norm))
+def query_power(norm: Tensor, lam: float | Tensor = 3.0, tau: float = 0.5, norm_scale: float | Tensor = 1.0) -> Tensor:
+    """The norm-aware exponent p(q) = lam * (tau + tanh(|q| / norm_scale)), in [lam*tau, lam*(tau+1)).
+
+    ``norm_scale = 1`` is the paper's form; a tensor (e.g. one per head, shape (heads, 1, 1)) broadcasts over
+    (..., heads, N, 1) norms.
+    """
+    if isinstance(norm_scale, Tensor):
+        return lam * (tau + torch.tanh(norm / upcast(norm_scale)))
+    if not math.isfinite(norm_scale) or norm_scale <= 0:
+        raise ValueError(f"norm_scale must be a positive number, got {norm_scale!r}")
+    return lam * (tau + torch.tanh(norm if norm_scale == 1.0 else norm * (1.0 / norm_scale)))
 
 
 def cosine_features(unit: Tensor, magnitude: Tensor, scale: float) -> Tensor:
@@ -213,11 +223,14 @@ def nala_features(
     tau: float = 0.5,
     angle_scale: float | str = 1.0,
     key_map: str | None = None,
+    norm_scale: float | Tensor = 1.0,
 ) -> Tensor:
     """The paper's NaLa map: norm-aware elementwise power and cosine direction map, 2d features.
 
     Args:
-        lam, tau: the power ``p(q) = lam * (tau + tanh |q|)``; keys use ``lam``.
+        lam, tau: the power ``p(q) = lam * (tau + tanh(|q| / norm_scale))``; keys use ``lam``.
+        norm_scale: ``gamma`` in that power: 1 is the paper's; a positive number or a tensor broadcasting over
+            (..., heads, N, 1) (one per head: :class:`~nala_gen.attention.NaLaAttention` can learn it) is ours.
         angle_scale: ``s`` in ``theta = (pi/4) tanh(s * u)``; 1 is the paper's, ``"sqrt_d"`` ours.
         key_map: ``"raw"`` (``|k_i|^lam``, the paper) or ``"direction"`` (``|dir(k)_i|^lam``); None is
             :data:`NALA_KEY_MAP`.
@@ -227,7 +240,7 @@ def nala_features(
         raise ValueError(f"key_map must be one of {', '.join(KEY_MAPS)}, got {key_map!r}")
     norm, unit = direction(x)
     if is_query:
-        magnitude = unit.abs().pow(query_power(norm, lam, tau))
+        magnitude = unit.abs().pow(query_power(norm, lam, tau, norm_scale))
     elif key_map == "raw":
         magnitude = upcast(x).abs().pow(lam)
     else:

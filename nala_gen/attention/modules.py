@@ -9,6 +9,8 @@ gives the release's vanilla-attention twin of the same block). NaLaSR and NaLaDi
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -53,6 +55,12 @@ class NaLaAttention(nn.Module):
         lepe_kernel: LePE kernel size (the release: 5).
         gate: output gate ``LayerNorm(o) * SiLU(g)``, g projected with q, k, v.
         kernel_options: extra feature-map arguments, e.g. ``{"lam": 3.0, "tau": 0.5, "key_map": "raw"}``.
+        norm_scale: ``nala`` only, our extension: ``gamma`` in the query power ``lam * (tau + tanh(|q| / gamma))``.
+            None is the paper's gamma = 1; a positive number fixes it; ``"learned"`` learns one per head, positive
+            by construction (``gamma = exp(rho)``). A learned gamma starts at each head's median query norm in the
+            first training batch (so ``|q| / gamma`` starts in tanh's sensitive range, not in its saturation) and
+            is then trained with the rest; ``lam`` stays fixed. Until that first batch (a model only ever
+            evaluated) it is 1.
     """
 
     def __init__(
@@ -67,6 +75,7 @@ class NaLaAttention(nn.Module):
         lepe_kernel: int = 5,
         gate: bool = True,
         kernel_options: dict | None = None,
+        norm_scale: float | str | None = None,
     ) -> None:
         super().__init__()
         if dim % num_heads:
@@ -78,6 +87,19 @@ class NaLaAttention(nn.Module):
         self.num_heads = num_heads
         self.attn_type = attn_type
         self.kernel_options = dict(kernel_options or {})
+        self.log_norm_scale = None
+        if norm_scale is not None:
+            if attn_type != "nala":
+                raise ValueError(f"norm_scale is an option of the nala kernel, not of {attn_type!r}")
+            if norm_scale == "learned":
+                self.log_norm_scale = nn.Parameter(torch.zeros(num_heads))
+                self.register_buffer("norm_scale_started", torch.tensor(False))
+            elif (
+                isinstance(norm_scale, (int, float)) and not isinstance(norm_scale, bool) and 0 < norm_scale < math.inf
+            ):
+                self.kernel_options["norm_scale"] = float(norm_scale)
+            else:
+                raise ValueError(f"norm_scale must be None, a positive number or 'learned', got {norm_scale!r}")
         # Linear kernels rotate their features (2d wide for the cosine/split maps), softmax rotates q, k; 2-D RoPE
         # needs a size divisible by 4. Fixed by the config, so found once here rather than on every forward.
         rope_dim = feature_dim(attn_type, dim // num_heads, **self.kernel_options)
@@ -92,6 +114,15 @@ class NaLaAttention(nn.Module):
             return None
         return rope_2d(hw[0], hw[1], self.rope_dim, device=device)
 
+    def _learned_norm_scale(self, q: Tensor) -> Tensor:
+        """Per-head gamma (heads, 1, 1), started from the median query norms of the first training batch."""
+        if self.training and not bool(self.norm_scale_started):
+            with torch.no_grad():
+                norms = torch.linalg.vector_norm(q.detach().float(), dim=-1).transpose(0, 1).flatten(1)
+                self.log_norm_scale.copy_(norms.median(dim=1).values.clamp_min(1e-3).log())
+                self.norm_scale_started.fill_(True)
+        return self.log_norm_scale.exp().view(-1, 1, 1)
+
     def forward(self, x: Tensor, hw: Grid | None = None) -> Tensor:
         """x: (B, N, C); hw: the (H, W) grid of the N tokens (enables RoPE and LePE). Returns (B, N, out_dim)."""
         b, n, c = x.shape
@@ -100,7 +131,10 @@ class NaLaAttention(nn.Module):
         heads = self.num_heads
         parts = self.qkvg(x).unflatten(-1, (-1, heads, c // heads)).permute(2, 0, 3, 1, 4)  # (3|4, B, h, N, d)
         q, k, v = parts[0], parts[1], parts[2]
-        out = linear_attention(q, k, v, kernel=self.attn_type, rope=self._rope(hw, x.device), **self.kernel_options)
+        options = self.kernel_options
+        if self.log_norm_scale is not None:
+            options = {**options, "norm_scale": self._learned_norm_scale(q)}
+        out = linear_attention(q, k, v, kernel=self.attn_type, rope=self._rope(hw, x.device), **options)
         out = out.transpose(1, 2).reshape(b, n, c)
         if self.lepe is not None and hw is not None:
             v_map = tokens_to_map(v.transpose(1, 2).reshape(b, n, c), hw)

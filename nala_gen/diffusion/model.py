@@ -84,6 +84,8 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         learn_sigma: also output the (DDPM learned-range) variance, so ``out_channels = 2 * in_channels``.
         attention_type: attention kernel: ``nala``, ``nala_split``, ``relu``, ``elu1``, ``focused`` or ``softmax``.
         attention_kernel_options: feature-map arguments, e.g. ``{"lam": 3.0, "tau": 0.5}``.
+        attention_norm_scale: ``nala`` only, our extension: the query power's norm scale gamma (None: the
+            paper's 1; a number; ``"learned"``: one per head, see :class:`~nala_gen.attention.NaLaAttention`).
         rope: the block's 2-D RoPE (on the kernel's numerator features; on q/k for softmax), besides the absolute
             positions.
         lepe: the block's 5x5 depthwise LePE on v over the patch grid.
@@ -112,6 +114,7 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         learn_sigma: bool = True,
         attention_type: str = "nala",
         attention_kernel_options: dict | None = None,
+        attention_norm_scale: float | str | None = None,
         rope: bool = True,
         lepe: bool = True,
         gate: bool = True,
@@ -129,6 +132,7 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         attention = {
             "attn_type": attention_type,
             "kernel_options": attention_kernel_options,
+            "norm_scale": attention_norm_scale,
             "rope": rope,
             "lepe": lepe,
             "gate": gate,

@@ -69,6 +69,8 @@ class NaLaSR(ESRTLayout, PyTorchModelHubMixin, library_name="nala_gen", tags=["s
         lepe: the 5x5 depthwise LePE on v.
         gate: the ``LN(o) * SiLU(g)`` output gate.
         kernel_options: feature-map arguments, e.g. ``{"key_map": "direction"}`` or ``{"angle_scale": "sqrt_d"}``.
+        norm_scale: ``nala`` only, our extension: the query power's norm scale gamma (None: the paper's 1; a
+            number; ``"learned"``: one per head, see :class:`~nala_gen.attention.NaLaAttention`).
     """
 
     def __init__(
@@ -85,8 +87,10 @@ class NaLaSR(ESRTLayout, PyTorchModelHubMixin, library_name="nala_gen", tags=["s
         lepe: bool = True,
         gate: bool = True,
         kernel_options: dict | None = None,
+        norm_scale: float | str | None = None,
     ) -> None:
         options = {"attn_type": attn_type, "rope": rope, "lepe": lepe, "gate": gate, "kernel_options": kernel_options}
+        options["norm_scale"] = norm_scale
         super().__init__(
             num_in_ch,
             num_out_ch,
