@@ -161,21 +161,30 @@ def trained_entropy_table() -> str:
 def sr_ablation_table() -> str:
     data = json.loads((RESULTS / "sr_ablation.json").read_text())
     bic = data["bicubic"]
+    variants = data.get("variants") or [{**r, "seeds": [r.get("seed", 0)], "psnr_std": None} for r in data["runs"]]
     lines = [
-        f"NaLaSR-light x4, {data['budget']['iters']} iterations each from `{data['budget']['base_option']}` (seed 0, "
-        f"batch 8, LR patch 32, only the variant's `network_g` fields changed; `emha` is ESRT); PSNR/SSIM on Y, "
-        f"crop 4, `{data['budget']['val_data']}`.",
+        f"NaLaSR-light x4, {data['budget']['iters']} iterations per run from `{data['budget']['base_option']}` "
+        f"(batch 8, LR patch 32, only the variant's `network_g` fields and the seed changed; `emha` is ESRT); "
+        f"PSNR/SSIM on Y, crop 4, `{data['budget']['val_data']}`; mean ± sample standard deviation over the seeds; "
+        f"Δ against `{data.get('reference', 'nala')}` with its standard error (* beyond two).",
         "",
-        "| variant | network_g change | PSNR (Y) | SSIM (Y) | vs bicubic |",
-        "|---|---|---|---|---|",
-        f"| (bicubic) | – | {bic['psnr']:.2f} | {bic['ssim']:.4f} | – |",
+        "| variant | network_g change | seeds | PSNR (Y) | SSIM (Y) | vs bicubic | Δ PSNR vs nala |",
+        "|---|---|---|---|---|---|---|",
+        f"| (bicubic) | – | – | {bic['psnr']:.2f} | {bic['ssim']:.4f} | – | |",
     ]
-    for r in data["runs"]:
-        change = ", ".join(f"{k}: {v}" for k, v in r["network_g"].items()) if r["network_g"] else "(the default)"
-        if r["network_g"].get("type") == "ESRT":
+    for e in variants:
+        change = ", ".join(f"{k}: {v}" for k, v in e["network_g"].items()) if e["network_g"] else "(the default)"
+        if e["network_g"].get("type") == "ESRT":
             change = "ESRT"
+        spread = f" ± {e['psnr_std']:.2f}" if e.get("psnr_std") is not None else ""
+        ssim_spread = f" ± {e['ssim_std']:.4f}" if e.get("ssim_std") is not None else ""
+        delta = ""
+        if "psnr_vs_reference" in e:
+            star = "*" if e["beyond_two_se"] else ""
+            delta = f"{e['psnr_vs_reference']:+.2f} ± {e['psnr_vs_reference_se']:.2f}{star}"
         lines.append(
-            f"| {r['variant']} | {change} | {r['psnr']:.2f} | {r['ssim']:.4f} | {r['psnr'] - bic['psnr']:+.2f} dB |"
+            f"| {e['variant']} | {change} | {len(e['seeds'])} | {e['psnr']:.2f}{spread} | {e['ssim']:.4f}{ssim_spread} "
+            f"| {e['psnr'] - bic['psnr']:+.2f} dB | {delta} |"
         )
     return "\n".join(lines)
 

@@ -1,10 +1,13 @@
 """Benchmark helpers that feed the README's Results: run on real (shipped) models at tiny sizes."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from nala_gen.bench import trained_entropy
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_trained_entropy_on_shipped_sr_weights(tmp_path):
@@ -37,9 +40,10 @@ def test_sr_ablation_changes_only_the_attention_name_and_budget():
     assert opt["network_g"]["attn_type"] == "relu" and opt["train"]["total_iter"] == 1000
     assert opt["train"]["scheduler"]["milestones"] == [500, 750, 917]  # 1/2, 3/4, 11/12 of the budget
     assert opt["train"]["ema_decay"] == 0
-    assert opt["name"] == "ablation_x4_relu_1000it"
-    # Everything that defines the comparison is untouched: data, seed, optimiser, loss, model width.
-    for key in ("datasets", "manual_seed", "scale"):
+    assert opt["name"] == "ablation_x4_relu_1000it_seed0" and opt["manual_seed"] == 0
+    assert sr_ablation.ablation_option(base, "relu", 1000, seed=2)["manual_seed"] == 2
+    # Everything that defines the comparison is untouched: data, optimiser, loss, model width.
+    for key in ("datasets", "scale"):
         assert opt[key] == base[key]
     for key in ("optim_g", "pixel_opt"):
         assert opt["train"][key] == base["train"][key]
@@ -68,3 +72,48 @@ def test_upscale_throughput_bench_writes_consistent_rows(tmp_path):
     assert rows[0]["tiles"] == 1 and rows[0]["tokens_per_pass"] == 40 * 40  # a 4 GiB budget fits one pass
     assert rows[1]["tiles"] == 4 and rows[1]["tokens_per_pass"] == 32 * 32
     assert (tmp_path / "upscale_throughput.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sr_ablation_summary_gives_means_spreads_and_two_standard_errors():
+    from nala_gen.bench.sr_ablation import summarise
+
+    def row(variant, seed, psnr):
+        return {"variant": variant, "network_g": {}, "iters": 10, "seed": seed, "psnr": psnr, "ssim": psnr / 100}
+
+    rows = [row("nala", s, p) for s, p in enumerate((27.0, 27.2, 27.1))]
+    rows += [row("relu", s, p) for s, p in enumerate((26.5, 26.6, 26.4))]  # far below: beyond two SE
+    rows += [row("elu1", s, p) for s, p in enumerate((27.3, 26.9, 27.2))]  # within the noise
+    stats = {e["variant"]: e for e in summarise(rows)}
+    assert list(stats) == ["nala", "relu", "elu1"]  # the registry's order
+    assert stats["nala"]["psnr"] == pytest.approx(27.1) and stats["nala"]["psnr_std"] == pytest.approx(0.1)
+    se = (0.1**2 / 3 + 0.1**2 / 3) ** 0.5
+    assert stats["relu"]["psnr_vs_reference"] == pytest.approx(-0.6)
+    assert stats["relu"]["psnr_vs_reference_se"] == pytest.approx(se) and stats["relu"]["beyond_two_se"]
+    assert not stats["elu1"]["beyond_two_se"] and "psnr_vs_reference" not in stats["nala"]
+    single = summarise([row("nala", 0, 27.0)])[0]
+    assert single["psnr_std"] is None  # one seed has no spread, and none is made up
+
+
+@pytest.mark.slow
+def test_sr_ablation_runs_trains_resumes_and_reports_on_a_tiny_budget(tmp_path, monkeypatch):
+    import shutil
+
+    from nala_gen.bench import sr_ablation
+    from nala_gen.sr.data import prepare_mini
+
+    prepare_mini(tmp_path / "datasets" / "mini", [4], limit=2)
+    (tmp_path / sr_ablation.BASE_OPTION).parent.mkdir(parents=True)
+    shutil.copy(REPO / sr_ablation.BASE_OPTION, tmp_path / sr_ablation.BASE_OPTION)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "results"
+    argv = ["--iters", "2", "--seeds", "0", "1", "--variants", "nala", "relu", "--out", str(out)]
+    assert sr_ablation.main(argv) == 0
+    summary = json.loads((out / "sr_ablation.json").read_text())
+    assert {(r["variant"], r["seed"]) for r in summary["runs"]} == {("nala", 0), ("nala", 1), ("relu", 0), ("relu", 1)}
+    relu = next(e for e in summary["variants"] if e["variant"] == "relu")
+    assert relu["seeds"] == [0, 1] and relu["psnr_std"] is not None and "beyond_two_se" in relu
+    results = sorted(tmp_path.glob("experiments/*/ablation_result.json"))
+    stamps = [p.stat().st_mtime_ns for p in results]
+    assert sr_ablation.main([*argv, "--report-only"]) == 0  # nothing is trained again
+    assert [p.stat().st_mtime_ns for p in results] == stamps
+    assert (out / "sr_ablation.png").read_bytes()[:4] == b"\x89PNG"

@@ -6,17 +6,22 @@ own short-run schedule: no EMA, LR halved at 1/2, 3/4 and 11/12 of it), then sco
 split (PSNR/SSIM on Y, crop = scale, the same code as ``nala-sr evaluate``). ``emha`` is ESRT itself (the same
 layout with its split-softmax attention).
 
-    nala-bench sr-ablation [--iters 1000] [--variants nala emha softmax relu elu1] [--out benchmarks/results]
+    nala-bench sr-ablation [--iters 1000] [--seeds 0 1 2] [--variants nala emha relu ...] [--report-only]
 
-Runs are kept under ``experiments/`` as ``ablation_x4_<variant>_<iters>it``; a finished run is not trained again
-and an interrupted one resumes (BasicSR's ``--auto_resume``), so the command can be rerun after a stop. Each run
-writes its result next to its checkpoints; the summary JSON and PNG gather every finished run of the budget.
+Runs are kept under ``experiments/`` as ``ablation_x4_<variant>_<iters>it_seed<seed>``; a finished run is not
+trained again and an interrupted one resumes (BasicSR's ``--auto_resume``), so the command can be rerun after a
+stop. Each run writes its result next to its checkpoints. The summary JSON and PNG gather every finished run of
+the budget: per variant the mean and sample standard deviation over its seeds, and against ``nala`` (the paper's)
+the difference of means with its standard error, flagged where it exceeds two standard errors.
+``--report-only`` rebuilds them from finished runs without training anything.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import statistics
 import subprocess
 import sys
 import time
@@ -31,30 +36,35 @@ VARIANTS: dict[str, dict] = {
     "nala": {},
     "nala_key_direction": {"kernel_options": {"key_map": "direction"}},
     "nala_angle_sqrt_d": {"kernel_options": {"angle_scale": "sqrt_d"}},
+    "nala_norm_scale": {"norm_scale": "learned"},
     "nala_split": {"attn_type": "nala_split"},
     "emha": ESRT_NETWORK,
     "softmax": {"attn_type": "softmax"},
     "relu": {"attn_type": "relu"},
     "elu1": {"attn_type": "elu1"},
+    "focused": {"attn_type": "focused"},
     "no_rope": {"rope": False},
     "no_lepe": {"lepe": False},
     "no_gate": {"gate": False},
 }
-DEFAULT_VARIANTS = ("nala", "nala_key_direction", "emha", "softmax", "relu", "elu1")
+DEFAULT_VARIANTS = ("nala", "nala_norm_scale", "emha", "relu", "elu1", "focused", "no_rope", "no_lepe", "no_gate")
+DEFAULT_SEEDS = (0, 1, 2)
+REFERENCE = "nala"  # the variant every other one is compared with
 # The short-run schedule, fixed here rather than scaled from the base file so a longer shipped run does not move it.
 MILESTONE_FRACTIONS = (1 / 2, 3 / 4, 11 / 12)
 VAL_DATA = Path("datasets/mini/val")
 
 
-def run_name(variant: str, iters: int) -> str:
-    return f"ablation_x4_{variant}_{iters}it"
+def run_name(variant: str, iters: int, seed: int = 0) -> str:
+    return f"ablation_x4_{variant}_{iters}it_seed{seed}"
 
 
-def ablation_option(base: dict, variant: str, iters: int) -> dict:
-    """The base options with only the variant's network fields, the name and the budget (with its schedule)
-    changed."""
+def ablation_option(base: dict, variant: str, iters: int, seed: int = 0) -> dict:
+    """The base options with only the variant's network fields, the name, the seed and the budget (with its
+    schedule) changed."""
     opt = json.loads(json.dumps(base))  # deep copy of plain YAML data
-    opt["name"] = run_name(variant, iters)
+    opt["name"] = run_name(variant, iters, seed)
+    opt["manual_seed"] = seed
     change = VARIANTS[variant]
     opt["network_g"] = dict(change) if "type" in change else {**opt["network_g"], **change}
     opt["train"]["total_iter"] = iters
@@ -66,18 +76,19 @@ def ablation_option(base: dict, variant: str, iters: int) -> dict:
     return opt
 
 
-def train_one(variant: str, iters: int, root: Path) -> dict:
+def train_one(variant: str, iters: int, root: Path, seed: int = 0) -> dict:
     """Train (or resume, or reuse) one run and score its final weights; returns its result row."""
     from nala_gen.sr.evaluate import evaluate
 
-    name = run_name(variant, iters)
+    name = run_name(variant, iters, seed)
     run_dir = root / "experiments" / name
     result_path = run_dir / "ablation_result.json"
     if result_path.is_file():
         return json.loads(result_path.read_text())
     option_path = root / "experiments" / f"{name}.yml"
     option_path.parent.mkdir(parents=True, exist_ok=True)
-    option_path.write_text(yaml.safe_dump(ablation_option(yaml.safe_load(BASE_OPTION.read_text()), variant, iters)))
+    base = yaml.safe_load((root / BASE_OPTION).read_text())
+    option_path.write_text(yaml.safe_dump(ablation_option(base, variant, iters, seed)))
     states = run_dir / "training_states"
     resumed = states.is_dir() and any(states.iterdir())
     start = time.perf_counter()
@@ -94,6 +105,7 @@ def train_one(variant: str, iters: int, root: Path) -> dict:
         "variant": variant,
         "network_g": VARIANTS[variant],
         "iters": iters,
+        "seed": seed,
         "psnr": round(scores["psnr"], 3),
         "ssim": round(scores["ssim"], 4),
         # Wall time of an uninterrupted run on this machine (None when it was resumed across sessions).
@@ -103,21 +115,52 @@ def train_one(variant: str, iters: int, root: Path) -> dict:
     return row
 
 
-def plot(rows: list[dict], bicubic: float, path: Path) -> None:
+def summarise(rows: list[dict]) -> list[dict]:
+    """Per variant: seeds, mean and sample standard deviation of PSNR and SSIM; against REFERENCE, the
+    difference of mean PSNR with its standard error and whether it exceeds two of them."""
+    by_variant: dict[str, list[dict]] = {}
+    for row in rows:
+        by_variant.setdefault(row["variant"], []).append(row)
+    stats = {}
+    for variant, runs in by_variant.items():
+        entry = {"variant": variant, "network_g": runs[0]["network_g"], "seeds": sorted(r.get("seed", 0) for r in runs)}
+        for metric in ("psnr", "ssim"):
+            values = [r[metric] for r in runs]
+            entry[metric] = statistics.fmean(values)
+            entry[f"{metric}_std"] = statistics.stdev(values) if len(values) > 1 else None
+        stats[variant] = entry
+    ref = stats.get(REFERENCE)
+    for entry in stats.values():
+        if ref is None or entry is ref or entry["psnr_std"] is None or ref["psnr_std"] is None:
+            continue
+        n, n_ref = len(entry["seeds"]), len(ref["seeds"])
+        se = math.sqrt(entry["psnr_std"] ** 2 / n + ref["psnr_std"] ** 2 / n_ref)
+        entry["psnr_vs_reference"] = entry["psnr"] - ref["psnr"]
+        entry["psnr_vs_reference_se"] = se
+        entry["beyond_two_se"] = abs(entry["psnr"] - ref["psnr"]) > 2 * se
+    order = list(VARIANTS)
+    return sorted(stats.values(), key=lambda e: order.index(e["variant"]) if e["variant"] in order else len(order))
+
+
+def plot(summary: list[dict], bicubic: float, iters: int, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=110)
-    ax.bar([r["variant"] for r in rows], [r["psnr"] for r in rows], color="tab:blue")
+    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
+    means = [e["psnr"] for e in summary]
+    errors = [e["psnr_std"] or 0 for e in summary]
+    ax.bar([e["variant"] for e in summary], means, yerr=errors, capsize=3, color="tab:blue")
     ax.axhline(bicubic, color="gray", linestyle="--", label=f"bicubic {bicubic:.2f} dB")
-    low = min([bicubic, *(r["psnr"] for r in rows)]) - 0.3
-    ax.set_ylim(low, max(r["psnr"] for r in rows) + 0.2)
-    for i, r in enumerate(rows):
-        ax.text(i, r["psnr"] + 0.02, f"{r['psnr']:.2f}", ha="center", fontsize=8)
+    low = min([bicubic, *(m - e for m, e in zip(means, errors))]) - 0.3
+    ax.set_ylim(low, max(m + e for m, e in zip(means, errors)) + 0.2)
+    for i, m in enumerate(means):
+        ax.text(i, m + errors[i] + 0.02, f"{m:.2f}", ha="center", fontsize=7)
     ax.set_ylabel("PSNR-Y (dB), mini val, x4")
-    ax.set_title(f"NaLaSR-light, attention ablation ({rows[0]['iters']} iterations each)", fontsize=9)
+    seeds = max(len(e["seeds"]) for e in summary)
+    ax.set_title(f"NaLaSR-light, attention ablation ({iters} iterations, up to {seeds} seeds; mean ± sd)", fontsize=9)
+    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
@@ -126,8 +169,10 @@ def plot(rows: list[dict], bicubic: float, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nala-bench sr-ablation", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iters", type=int, default=1000, help="training iterations per attention type")
+    parser.add_argument("--iters", type=int, default=1000, help="training iterations per run")
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS), help="seeds of each variant")
     parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--report-only", action="store_true", help="summarise finished runs; train nothing")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     if not (VAL_DATA / "GTmod12").is_dir():
@@ -136,19 +181,27 @@ def main(argv: list[str] | None = None) -> int:
     from nala_gen.sr.evaluate import evaluate
 
     root = Path.cwd()
-    for variant in args.variants:
-        row = train_one(variant, args.iters, root)
-        print(f"{variant:<18} {row['iters']} iters  PSNR {row['psnr']:.3f} dB  SSIM {row['ssim']:.4f}", flush=True)
-    done = [root / "experiments" / run_name(v, args.iters) / "ablation_result.json" for v in VARIANTS]
-    rows = [json.loads(p.read_text()) for p in done if p.is_file()]
+    if not args.report_only:
+        for seed in args.seeds:  # every variant at one seed before the next seed: a stop leaves comparable sets
+            for variant in args.variants:
+                row = train_one(variant, args.iters, root, seed)
+                print(f"{variant:<18} seed {seed}  PSNR {row['psnr']:.3f} dB  SSIM {row['ssim']:.4f}", flush=True)
+    done = sorted((root / "experiments").glob(f"ablation_x4_*_{args.iters}it_seed*/ablation_result.json"))
+    rows = [json.loads(p.read_text()) for p in done]
+    if not rows:
+        print(f"no finished {args.iters}-iteration runs under experiments/", file=sys.stderr)
+        return 1
     bicubic = evaluate(root / VAL_DATA, 4, ["bicubic"])["bicubic"]
+    stats = summarise(rows)
     summary = {
         "budget": {"iters": args.iters, "base_option": str(BASE_OPTION), "val_data": str(VAL_DATA)},
         "bicubic": {"psnr": round(bicubic["psnr"], 3), "ssim": round(bicubic["ssim"], 4)},
+        "reference": REFERENCE,
+        "variants": stats,
         "runs": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sr_ablation.json").write_text(json.dumps(summary, indent=1))
-    plot(rows, summary["bicubic"]["psnr"], args.out / "sr_ablation.png")
+    plot(stats, summary["bicubic"]["psnr"], args.iters, args.out / "sr_ablation.png")
     print(f"wrote {args.out / 'sr_ablation.json'} and {args.out / 'sr_ablation.png'}")
     return 0
