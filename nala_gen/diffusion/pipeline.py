@@ -13,10 +13,20 @@ The mode follows the scheduler:
 
 Latent space with a VAE (decoded after dividing by ``vae.config.scaling_factor``) or pixel space without one (the
 transformer's output in [-1, 1] is the image). Classifier-free guidance uses the null class ``num_classes``.
+
+Folders load with diffusers' generic loader too: ``save_pretrained`` writes diffusers' convention for a pipeline
+that lives outside diffusers, a ``pipeline.py`` beside ``model_index.json`` (whose ``_class_name`` is
+``["pipeline", "NaLaDiTPipeline"]``). That file only imports this class from the installed ``nala_gen``, so
+``DiffusionPipeline.from_pretrained(folder, trust_remote_code=True)`` works in a fresh process, and diffusers' own
+error without it names that argument. (diffusers looks up a plain ``_class_name`` only among its own classes, so
+an importable-library entry cannot name a pipeline.) ``NaLaDiTPipeline.from_pretrained`` needs no such argument:
+it checks that the folder's ``pipeline.py`` is exactly the file it writes, and refuses any other code.
 """
 
 import inspect
+import json
 import time
+from pathlib import Path
 
 import torch
 from diffusers.models.autoencoders import AutoencoderKL
@@ -30,6 +40,12 @@ from nala_gen.profiling import PeakMemory, synchronize
 from .model import NaLaDiTTransformer2DModel
 
 FLOW_SCHEDULERS = (FlowMatchEulerDiscreteScheduler, FlowMatchHeunDiscreteScheduler)
+LOADER_FILE = "pipeline.py"  # the custom-pipeline file diffusers' generic loader imports from a folder
+LOADER_CODE = (
+    '"""NaLaDiT\'s pipeline for diffusers\' generic loader (written by nala_gen; the code is in the package)."""\n'
+    "\n"
+    "from nala_gen.diffusion.pipeline import NaLaDiTPipeline  # noqa: F401\n"
+)
 LEARNED_VARIANCE = ("learned", "learned_range")
 
 
@@ -63,6 +79,30 @@ class NaLaDiTPipeline(DiffusionPipeline):
         # JSON turns int keys into strings; store them as strings so a loaded config equals the saved one.
         self.register_to_config(id2label={str(k): v for k, v in id2label.items()} if id2label else None)
         self.last_readout: dict | None = None
+
+    # ------------------------------------------------------------------------------------------ save / load
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        """diffusers' ``save_pretrained``, plus the ``pipeline.py`` and ``_class_name`` of the generic loader."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        folder = Path(save_directory)
+        (folder / LOADER_FILE).write_text(LOADER_CODE)
+        index = folder / "model_index.json"
+        config = json.loads(index.read_text())
+        config["_class_name"] = [Path(LOADER_FILE).stem, type(self).__name__]
+        index.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        """diffusers' ``from_pretrained``; a local folder's ``pipeline.py`` is run only when it is exactly the file
+        :meth:`save_pretrained` writes (then no ``trust_remote_code`` is needed); any other code is refused."""
+        loader = Path(pretrained_model_name_or_path) / LOADER_FILE
+        if loader.is_file() and "trust_remote_code" not in kwargs:
+            if loader.read_text() != LOADER_CODE:
+                raise ValueError(
+                    f"{loader} is not the file nala_gen writes; read it, then pass trust_remote_code=True to run it"
+                )
+            kwargs["trust_remote_code"] = True
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     # ----------------------------------------------------------------------------------------------- labels
     @property
