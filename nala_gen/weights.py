@@ -61,9 +61,13 @@ def weights_dirs() -> list[Path]:
 
 
 def sha256_of(path: Path) -> str:
-    """sha256 of a file, or of a folder's files (sorted relative paths and contents)."""
+    """sha256 of a file, or of a folder's files (sorted relative paths and contents). Python's bytecode caches
+    (``__pycache__``, which installing a wheel writes beside a folder's ``pipeline.py``) are not content."""
     digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.relative_to(path).parts)
+    else:
+        files = [path]
     for file in files:
         if path.is_dir():
             digest.update(str(file.relative_to(path)).encode())
