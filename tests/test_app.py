@@ -334,7 +334,9 @@ def test_generate_tab_lists_nala_models_before_their_softmax_twin():
     from nala_gen.app.engine import AppConfig, Engine
     from nala_gen.weights import resolve
 
-    specs = [spec for spec, _ in Engine(AppConfig()).diffusion_models()]
-    kinds = [resolve(spec).config.get("attention_type") for spec in specs]
+    listed = Engine(AppConfig()).diffusion_models()
+    kinds = [resolve(spec).config.get("attention_type") for spec, _ in listed]
     assert "softmax" in kinds and kinds[0] != "softmax"  # the tab opens on the first one
     assert kinds == sorted(kinds, key=lambda k: k == "softmax")
+    # The twin stays selectable, labelled as the baseline; no NaLa model is.
+    assert [label.endswith("softmax baseline") for _, label in listed] == [k == "softmax" for k in kinds]

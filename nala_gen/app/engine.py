@@ -119,8 +119,11 @@ class Engine:
 
         # NaLa models first (the tab opens on the first one; a softmax twin is there to compare against), otherwise in
         # the search order of the weight folders (a stable sort).
-        cards = sorted(list_weights("diffusion"), key=lambda c: c.config.get("attention_type") == "softmax")
-        found = [(c.name, f"{c.name} · {c.arch}") for c in cards]
+        def softmax(card) -> bool:
+            return card.config.get("attention_type") == "softmax"
+
+        cards = sorted(list_weights("diffusion"), key=softmax)
+        found = [(c.name, f"{c.name} · {c.arch}" + (" · softmax baseline" if softmax(c) else "")) for c in cards]
         found += [(p, f"{Path(p).name}  (folder)") for p in self.config.pipelines]
         return found
 
