@@ -150,6 +150,8 @@ def output_suffix(src: Path, ext: str, img) -> str:
 
 
 def upscale(argv: list[str]) -> int:
+    from .jobs import MANIFEST_NAME, JobManifest, file_sha256
+
     parser = argparse.ArgumentParser(prog="nala-sr upscale", description="Upscale images with NaLaSR.")
     parser.add_argument("inputs", nargs="+", help="image files, folders or glob patterns")
     parser.add_argument("-o", "--output", help="output file (one input) or folder; default: beside each input")
@@ -174,6 +176,10 @@ def upscale(argv: list[str]) -> int:
     parser.add_argument("--suffix", help="added to output names (default _x<outscale>)")
     parser.add_argument("--ext", default="auto", choices=["auto", "png", "jpg", "webp"])
     parser.add_argument("--max-pixels", type=bounded(int, 4), default=50_000_000, help="refuse larger inputs (pixels)")
+    parser.add_argument(
+        "--skip-existing", action="store_true", help="skip images whose output exists (and whose record still fits)"
+    )
+    parser.add_argument("--manifest", help=f"JSON-lines job record (default: OUT/{MANIFEST_NAME} with -o FOLDER)")
     parser.add_argument("--report", action="store_true", help="print a readout per image")
     parser.add_argument("--json", action="store_true", help="one JSON object per image on stdout")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -194,7 +200,7 @@ def upscale(argv: list[str]) -> int:
     from nala_gen.devices import pick_device
     from nala_gen.weights import WeightsError
 
-    from .imageio import ImageError, read_image
+    from .imageio import IMAGE_SUFFIXES, ImageError, read_image
     from .models import load_sr_model
     from .upscaler import Upscaler
 
@@ -207,15 +213,37 @@ def upscale(argv: list[str]) -> int:
         print(f"nala-sr upscale: error: {err}", file=sys.stderr)
         return 1
 
+    manifest = None
+    if args.manifest or (args.output and Path(args.output).suffix.lower() not in IMAGE_SUFFIXES):
+        manifest = JobManifest(args.manifest or Path(args.output) / MANIFEST_NAME)
+    # What decides an output's pixels (the device does not, beyond rounding): a record with other values is redone.
+    settings = {"model": info["name"], "model_sha256": info.get("sha256", info["source"]), "scale": args.scale}
+    settings["outscale"] = args.outscale
+    settings.update(tile=args.tile, tile_pad=args.tile_pad, alpha=args.alpha, precision=engine.precision)
+    settings.update(memory_budget_mb=args.memory_budget_mb, ext=args.ext, suffix=args.suffix)
     resolved_inputs = {p.resolve() for p in inputs}
     failures = 0
     show_progress = not args.quiet and sys.stderr.isatty()
-    for src in tqdm(inputs, desc="images", disable=not show_progress or len(inputs) == 1):
+    for src in tqdm(inputs, desc="images", unit="img", disable=not show_progress or len(inputs) == 1):
         try:
             img = read_image(src, max_pixels=args.max_pixels)
             dst = output_path(src, args, len(inputs) == 1, output_suffix(src, args.ext, img))
             if dst.resolve() in resolved_inputs:
                 raise ImageError(f"output {dst} would overwrite an input")
+            input_sha256 = file_sha256(src)
+            if args.skip_existing:
+                if manifest is not None:
+                    redo = manifest.why_redo(dst, input_sha256, settings)
+                else:
+                    redo = None if dst.exists() else "no output yet"
+                if redo is None:
+                    if args.json:
+                        print(json.dumps({"input": str(src), "output": str(dst), "status": "skipped"}), flush=True)
+                    continue
+                if dst.exists():
+                    print(f"nala-sr upscale: redoing {dst}: {redo}", file=sys.stderr)
+            for stale in dst.parent.glob(f".{glob.escape(dst.name)}.*.part"):  # left by a killed earlier run
+                stale.unlink(missing_ok=True)
             readout = engine.upscale_to_file(img, dst, args.outscale, progress=show_progress)
         except (ImageError, ValueError, RuntimeError, OSError) as err:  # report, go on with the next image
             failures += 1
@@ -225,6 +253,13 @@ def upscale(argv: list[str]) -> int:
                 print(json.dumps({"input": str(src), "status": "error", "error": reason}), flush=True)
             continue
         record = {"input": str(src), "output": str(dst), "status": "ok", "model": info["name"], **readout.as_dict()}
+        if manifest is not None:
+            try:
+                manifest.append({**record, "input_sha256": input_sha256, "settings": settings})
+            except OSError as err:
+                print(
+                    f"nala-sr upscale: warning: cannot record {dst} in {manifest.path}: {err.strerror}", file=sys.stderr
+                )
         if args.json:
             print(json.dumps(record), flush=True)
         elif args.report:

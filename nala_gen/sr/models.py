@@ -66,7 +66,7 @@ def load_sr_model(
             raise W.WeightsError(f"{card.name} is a {card.task} model, not a super-resolution one")
         arch, config = card.arch, card.config
         state, source = W.load_state_dict(card), card.name
-        info = {"name": card.name, "arch": arch, "source": str(card.payload), **card.info}
+        info = {"name": card.name, "arch": arch, "source": str(card.payload), "sha256": card.sha256, **card.info}
     model_scale = config.get("upscale", 4)
     if scale is not None and model_scale != scale:
         raise W.WeightsError(f"{info['name']} upscales x{model_scale}, not x{scale}")

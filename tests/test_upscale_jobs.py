@@ -1,0 +1,77 @@
+"""Resumable batch upscaling: --skip-existing and the JSON-lines manifest, across a SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from nala_gen.sr.imageio import read_image, write_image_atomic
+from nala_gen.sr.jobs import MANIFEST_NAME, JobManifest
+from nala_gen.sr.models import build_arch
+from nala_gen.weights import write_weights
+
+TINY = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
+
+
+@pytest.fixture()
+def job(tmp_path):
+    torch.manual_seed(0)
+    write_weights(build_arch("NaLaSR", TINY).state_dict(), tmp_path / "w", "tiny-x4", "sr", "NaLaSR", TINY, {})
+    rng = np.random.default_rng(0)
+    src = tmp_path / "in"
+    for i in range(8):
+        write_image_atomic(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8), src / f"img{i}.png")
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "nala_gen.sr.cli", "upscale", str(src), "-o", str(out), "--tile", "0"]
+    cmd += ["-m", str(tmp_path / "w" / "tiny-x4.json"), "--skip-existing", "--json", "-q"]
+    return {"cmd": cmd, "src": src, "out": out}
+
+
+def records(stdout):
+    return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
+
+
+def test_a_killed_job_finishes_on_the_same_command_redoing_only_what_was_in_flight(job):
+    proc = subprocess.Popen(job["cmd"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    manifest = job["out"] / MANIFEST_NAME
+    deadline = time.time() + 120
+    while time.time() < deadline and (not manifest.is_file() or len(manifest.read_text().splitlines()) < 3):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished = set(JobManifest(manifest).records)
+    assert 3 <= len(finished) < 8, "the job was not stopped part-way"
+    rerun = subprocess.run(job["cmd"], capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    by_status = {}
+    for r in records(rerun.stdout):
+        by_status.setdefault(r["status"], set()).add(r["output"])
+    assert by_status["skipped"] >= finished  # nothing recorded as done is done again
+    assert len(by_status.get("ok", ())) <= 8 - len(finished)  # only what was left, the one in flight included
+    outputs = sorted(p.name for p in job["out"].iterdir())
+    assert outputs == sorted([MANIFEST_NAME, *(f"img{i}_x4.png" for i in range(8))])  # no partial or temp files
+    for i in range(8):
+        assert read_image(job["out"] / f"img{i}_x4.png").shape == (160, 192, 3)
+
+
+def test_a_changed_option_or_input_is_redone_and_said(job):
+    first = subprocess.run(job["cmd"], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0 and {r["status"] for r in records(first.stdout)} == {"ok"}
+    same = subprocess.run(job["cmd"], capture_output=True, text=True, timeout=300)
+    assert {r["status"] for r in records(same.stdout)} == {"skipped"}
+    write_image_atomic(np.zeros((40, 48, 3), np.uint8), job["src"] / "img3.png")  # new bytes for one input
+    changed = subprocess.run([*job["cmd"], "--tile-pad", "8"], capture_output=True, text=True, timeout=300)
+    assert {r["status"] for r in records(changed.stdout)} == {"ok"}  # every image: the settings changed
+    assert "redoing" in changed.stderr and "settings changed (tile_pad)" in changed.stderr
+    again = subprocess.run(job["cmd"], capture_output=True, text=True, timeout=300)  # back to the first settings
+    assert {r["status"] for r in records(again.stdout)} == {"ok"}
+    write_image_atomic(np.full((40, 48, 3), 9, np.uint8), job["src"] / "img3.png")
+    one = subprocess.run(job["cmd"], capture_output=True, text=True, timeout=300)
+    done = [r["output"] for r in records(one.stdout) if r["status"] == "ok"]
+    assert done == [str(job["out"] / "img3_x4.png")] and "the input changed" in one.stderr
