@@ -26,9 +26,11 @@ it checks that the folder's ``pipeline.py`` is exactly the file it writes, and r
 import inspect
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
 from diffusers.models.autoencoders import AutoencoderKL
 from diffusers.pipelines.pipeline_utils import DiffusionPipeline, ImagePipelineOutput
 from diffusers.schedulers import DDPMScheduler, FlowMatchEulerDiscreteScheduler, FlowMatchHeunDiscreteScheduler
@@ -66,6 +68,7 @@ class NaLaDiTPipeline(DiffusionPipeline):
 
     model_cpu_offload_seq = "transformer->vae"
     _optional_components = ["vae"]
+    _callback_tensor_inputs = ["latents"]
 
     def __init__(
         self,
@@ -79,6 +82,7 @@ class NaLaDiTPipeline(DiffusionPipeline):
         # JSON turns int keys into strings; store them as strings so a loaded config equals the saved one.
         self.register_to_config(id2label={str(k): v for k, v in id2label.items()} if id2label else None)
         self.last_readout: dict | None = None
+        self._guidance_scale, self._num_timesteps, self._interrupt = 1.0, 0, False
 
     # ------------------------------------------------------------------------------------------ save / load
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
@@ -121,10 +125,7 @@ class NaLaDiTPipeline(DiffusionPipeline):
         Raises:
             ValueError: for an id outside [0, num_classes] or an unknown name.
         """
-        if isinstance(class_labels, torch.Tensor):
-            class_labels = class_labels.reshape(-1).tolist()
-        elif isinstance(class_labels, (int, str)):
-            class_labels = [class_labels]
+        class_labels = _flatten(class_labels)
         num_classes = self.transformer.config.num_classes
         labels, ids = self.labels, []
         for label in class_labels:
@@ -201,32 +202,65 @@ class NaLaDiTPipeline(DiffusionPipeline):
         return self.numpy_to_pil(images) if output_type == "pil" else images
 
     # ------------------------------------------------------------------------------------------------- call
+    @property
+    def guidance_scale(self) -> float:
+        return self._guidance_scale
+
+    @property
+    def num_timesteps(self) -> int:
+        return self._num_timesteps
+
+    @property
+    def interrupt(self) -> bool:
+        """Set ``pipe._interrupt = True`` (e.g. from ``callback_on_step_end``) to skip the remaining steps."""
+        return self._interrupt
+
     @torch.no_grad()
     def __call__(
         self,
         class_labels: int | str | list[int | str] | torch.Tensor,
         num_inference_steps: int = 50,
         guidance_scale: float = 1.0,
+        num_images_per_prompt: int = 1,
         generator: torch.Generator | list[torch.Generator] | None = None,
+        latents: torch.Tensor | None = None,
         output_type: str = "pil",
         height: int | None = None,
         width: int | None = None,
         return_dict: bool = True,
+        callback_on_step_end: Callable | PipelineCallback | MultiPipelineCallbacks | None = None,
+        callback_on_step_end_tensor_inputs: list[str] | None = None,
     ) -> ImagePipelineOutput | tuple:
-        """Generate one image per class label.
+        """Generate ``num_images_per_prompt`` images per class label.
 
         Args:
-            class_labels: class ids and/or names (looked up in ``id2label``).
+            class_labels: class ids and/or names (looked up in ``id2label``); nested lists are flattened.
             num_inference_steps: scheduler steps.
             guidance_scale: classifier-free guidance scale; > 1 runs the null class alongside (batch doubled).
+            num_images_per_prompt: images per label (a label's images are next to each other, as in diffusers).
             generator: ``torch.Generator`` (or one per image) for reproducible noise.
-            output_type: ``"pil"`` (list of PIL images), ``"np"`` (B, H, W, C) floats in [0, 1] or ``"pt"``
-                (B, C, H, W) tensor in [0, 1].
+            latents: starting noise of shape (labels x images per label, C, h, w) instead of drawing it.
+            output_type: ``"pil"`` (list of PIL images), ``"np"`` (B, H, W, C) floats in [0, 1], ``"pt"``
+                (B, C, H, W) tensor in [0, 1], or ``"latent"`` (the denoised latents, not decoded).
             height, width: output size in pixels; default ``sample_size * vae_scale_factor``.
             return_dict: return an ``ImagePipelineOutput`` (else a 1-tuple).
+            callback_on_step_end: called after each step as ``fn(pipe, step, timestep, callback_kwargs)``
+                and returns a dict whose tensors replace the loop's (e.g. ``{"latents": ...}``).
+            callback_on_step_end_tensor_inputs: which tensors the callback gets (default and allowed:
+                ``["latents"]``).
         """
-        if output_type not in ("pil", "np", "pt"):
-            raise ValueError(f"output_type must be 'pil', 'np' or 'pt', got {output_type!r}")
+        if output_type not in ("pil", "np", "pt", "latent"):
+            raise ValueError(f"output_type must be 'pil', 'np', 'pt' or 'latent', got {output_type!r}")
+        if isinstance(callback_on_step_end, (PipelineCallback, MultiPipelineCallbacks)):
+            callback_on_step_end_tensor_inputs = callback_on_step_end.tensor_inputs
+        callback_on_step_end_tensor_inputs = callback_on_step_end_tensor_inputs or ["latents"]
+        unknown = set(callback_on_step_end_tensor_inputs) - set(self._callback_tensor_inputs)
+        if unknown:
+            raise ValueError(f"callback_on_step_end_tensor_inputs must be among {self._callback_tensor_inputs}")
+        if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
+            raise ValueError(f"num_images_per_prompt must be a positive int, got {num_images_per_prompt!r}")
+        self._guidance_scale = guidance_scale
+        self._interrupt = False
         config = self.transformer.config
         factor = self.vae_scale_factor
         height = height or config.sample_size * factor
@@ -237,7 +271,7 @@ class NaLaDiTPipeline(DiffusionPipeline):
         latent_h, latent_w = height // factor, width // factor
         tokens = (latent_h // config.patch_size) * (latent_w // config.patch_size)
 
-        ids = self.get_label_ids(class_labels)
+        ids = [i for i in self.get_label_ids(class_labels) for _ in range(num_images_per_prompt)]
         device = self._execution_device
         labels = torch.tensor(ids, device=device)
         if guidance_scale > 1:
@@ -246,27 +280,38 @@ class NaLaDiTPipeline(DiffusionPipeline):
         synchronize(device)
         start = time.perf_counter()
         with PeakMemory(device) as peak:
-            latents = randn_tensor(
-                (len(ids), config.in_channels, latent_h, latent_w),
-                generator=generator,
-                device=device,
-                dtype=self.transformer.dtype,
-            )
+            shape = (len(ids), config.in_channels, latent_h, latent_w)
+            if latents is None:
+                latents = randn_tensor(shape, generator=generator, device=device, dtype=self.transformer.dtype)
+            elif tuple(latents.shape) != shape:
+                raise ValueError(f"latents must have shape {shape}, got {tuple(latents.shape)}")
+            else:
+                latents = latents.to(device=device, dtype=self.transformer.dtype)
             self._set_timesteps(num_inference_steps, tokens, device)
             latents = latents * getattr(self.scheduler, "init_noise_sigma", 1.0)
             step_kwargs = self._step_kwargs(generator)
             timesteps = self.scheduler.timesteps
-            for t in self.progress_bar(timesteps):
+            self._num_timesteps = len(timesteps)
+            evals = 0
+            for i, t in enumerate(self.progress_bar(timesteps)):
+                if self.interrupt:
+                    continue
                 model_output = self._predict(latents, t, labels, guidance_scale)
+                evals += 1
                 latents = self.scheduler.step(model_output, t, latents, **step_kwargs).prev_sample
-            images = self._decode(latents, output_type)
+                if callback_on_step_end is not None:
+                    tensors = {"latents": latents}
+                    callback_kwargs = {name: tensors[name] for name in callback_on_step_end_tensor_inputs}
+                    outputs = callback_on_step_end(self, i, t, callback_kwargs)
+                    latents = outputs.pop("latents", latents)
+            images = latents if output_type == "latent" else self._decode(latents, output_type)
             synchronize(device)
         self.last_readout = {
             "latency_s": time.perf_counter() - start,
             "peak_mem_bytes": peak.peak_bytes,
             "tokens": tokens,
             "steps": num_inference_steps,
-            "model_evals": len(timesteps),
+            "model_evals": evals,
             "batch": len(ids) * (2 if guidance_scale > 1 else 1),
             "mode": "flow" if self.is_flow else "epsilon",
             "attention_type": config.attention_type,
@@ -276,3 +321,12 @@ class NaLaDiTPipeline(DiffusionPipeline):
         if not return_dict:
             return (images,)
         return ImagePipelineOutput(images=images)
+
+
+def _flatten(labels) -> list:
+    """Class labels as one flat list: a tensor, one label, or (nested) lists and tuples of them."""
+    if isinstance(labels, torch.Tensor):
+        return labels.reshape(-1).tolist()
+    if isinstance(labels, (list, tuple)):
+        return [x for item in labels for x in _flatten(item)]
+    return [labels]

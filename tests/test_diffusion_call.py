@@ -1,0 +1,86 @@
+"""The pipeline call as diffusers' newer pipelines (PixArt, SANA) take it."""
+
+import inspect
+
+import pytest
+import torch
+from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
+from diffusers.utils.torch_utils import randn_tensor
+
+from nala_gen.diffusion import NaLaDiTPipeline, NaLaDiTTransformer2DModel
+
+
+@pytest.fixture(scope="module", params=["dit", "sit"])
+def pipe(request):
+    torch.manual_seed(0)
+    model = NaLaDiTTransformer2DModel.from_size("tiny", sample_size=8, in_channels=3, num_classes=4, learn_sigma=False)
+    scheduler = DDIMScheduler() if request.param == "dit" else FlowMatchEulerDiscreteScheduler()
+    pipe = NaLaDiTPipeline(model, scheduler, id2label={0: "a", 1: "b", 2: "c", 3: "d"})
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def run(pipe, labels, **kwargs):
+    kwargs.setdefault("num_inference_steps", 3)
+    kwargs.setdefault("output_type", "pt")
+    return pipe(labels, **kwargs).images
+
+
+def seeded(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_latents_replace_the_drawn_noise(pipe):
+    noise = randn_tensor((2, 3, 8, 8), generator=seeded(), dtype=torch.float32)
+    torch.testing.assert_close(run(pipe, [0, 1], latents=noise), run(pipe, [0, 1], generator=seeded()))
+    with pytest.raises(ValueError, match=r"latents must have shape \(2, 3, 8, 8\)"):
+        run(pipe, [0, 1], latents=noise[:1])
+
+
+def test_num_images_per_prompt_keeps_a_labels_images_together(pipe):
+    noise = randn_tensor((4, 3, 8, 8), generator=seeded(), dtype=torch.float32)
+    grouped = run(pipe, ["a", "b"], num_images_per_prompt=2, latents=noise)
+    assert grouped.shape == (4, 3, 8, 8)
+    torch.testing.assert_close(grouped, run(pipe, [0, 0, 1, 1], latents=noise))
+    with pytest.raises(ValueError, match="num_images_per_prompt"):
+        run(pipe, [0], num_images_per_prompt=0)
+
+
+def test_nested_and_mixed_labels_are_flattened(pipe):
+    assert run(pipe, [[0, "b"], 2, torch.tensor([[3]])], generator=seeded()).shape == (4, 3, 8, 8)
+
+
+def test_callbacks_see_and_change_the_latents_and_can_interrupt(pipe):
+    seen = []
+
+    def zero_at_the_end(p, step, timestep, kwargs):
+        seen.append((step, tuple(kwargs["latents"].shape)))
+        return {"latents": torch.zeros_like(kwargs["latents"])} if step == p.num_timesteps - 1 else {}
+
+    images = run(pipe, [0, 1], generator=seeded(), callback_on_step_end=zero_at_the_end)
+    assert seen == [(0, (2, 3, 8, 8)), (1, (2, 3, 8, 8)), (2, (2, 3, 8, 8))]
+    torch.testing.assert_close(images, torch.full_like(images, 0.5))  # zero latents decode to mid-grey
+
+    def stop(p, step, timestep, kwargs):
+        p._interrupt = True
+        return {}
+
+    run(pipe, [0], generator=seeded(), num_inference_steps=5, callback_on_step_end=stop)
+    assert pipe.last_readout["model_evals"] == 1 and pipe.num_timesteps == 5
+    with pytest.raises(ValueError, match="callback_on_step_end_tensor_inputs"):
+        run(pipe, [0], callback_on_step_end=stop, callback_on_step_end_tensor_inputs=["noise_pred"])
+
+
+def test_latent_output_is_what_the_other_outputs_decode(pipe):
+    latent = run(pipe, [0, 1], generator=seeded(), output_type="latent")
+    assert latent.shape == (2, 3, 8, 8)
+    torch.testing.assert_close(run(pipe, [0, 1], generator=seeded()), (latent / 2 + 0.5).clamp(0, 1))
+
+
+def test_the_signature_has_diffusers_optional_parameters(pipe):
+    params = inspect.signature(type(pipe).__call__).parameters
+    for name in ("num_inference_steps", "guidance_scale", "num_images_per_prompt", "generator", "latents"):
+        assert name in params
+    for name in ("output_type", "return_dict", "callback_on_step_end", "callback_on_step_end_tensor_inputs"):
+        assert name in params
+    assert params["num_images_per_prompt"].default == 1 and params["output_type"].default == "pil"
