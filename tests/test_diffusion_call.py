@@ -84,3 +84,45 @@ def test_the_signature_has_diffusers_optional_parameters(pipe):
     for name in ("output_type", "return_dict", "callback_on_step_end", "callback_on_step_end_tensor_inputs"):
         assert name in params
     assert params["num_images_per_prompt"].default == 1 and params["output_type"].default == "pil"
+
+
+def tiny(prediction_type, scheduler):
+    torch.manual_seed(0)
+    model = NaLaDiTTransformer2DModel.from_size(
+        "tiny", sample_size=8, in_channels=3, num_classes=4, learn_sigma=False, prediction_type=prediction_type
+    )
+    pipe = NaLaDiTPipeline(model, scheduler)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_a_scheduler_of_the_other_objective_is_refused_naming_those_that_fit():
+    with pytest.raises(ValueError, match="trained for flow matching .* use FlowMatchEulerDiscreteScheduler"):
+        run(tiny("flow", DDIMScheduler()), [0])
+    with pytest.raises(ValueError, match="trained to predict epsilon .* use DDPMScheduler, DDIMScheduler"):
+        run(tiny("epsilon", FlowMatchEulerDiscreteScheduler()), [0])
+    from nala_gen.diffusion.loading import new_scheduler
+
+    with pytest.raises(ValueError, match="does not fit a flow-matching"):
+        new_scheduler(tiny("flow", FlowMatchEulerDiscreteScheduler()), "ddim")
+    unrecorded = tiny(None, FlowMatchEulerDiscreteScheduler())  # an old folder: the scheduler decides, as before
+    assert unrecorded.prediction_type == "flow" and run(unrecorded, [0]).shape == (1, 3, 8, 8)
+
+
+@pytest.mark.parametrize("wanted", ["v_prediction", "sample"])
+def test_a_scheduler_expecting_another_noise_output_gets_it_converted(wanted):
+    reference = run(tiny("epsilon", DDIMScheduler()), [0, 1], generator=seeded(), num_inference_steps=4)
+    converted = tiny("epsilon", DDIMScheduler(prediction_type=wanted))
+    images = run(converted, [0, 1], generator=seeded(), num_inference_steps=4)
+    torch.testing.assert_close(images, reference, atol=1e-4, rtol=0)  # the same sampler, the same images
+
+
+def test_the_shipped_folders_record_their_objective():
+    from nala_gen.diffusion.loading import load_pipeline
+
+    kinds = {name: load_pipeline(name)[0].prediction_type for name in ("naladit-digits", "nalasit-digits")}
+    assert kinds == {"naladit-digits": "epsilon", "nalasit-digits": "flow"}
+    sit, _ = load_pipeline("nalasit-digits")
+    sit.scheduler = DDIMScheduler.from_config(sit.scheduler.config)
+    with pytest.raises(ValueError, match="trained for flow matching"):
+        run(sit, [3])

@@ -223,6 +223,14 @@ def run_cli(capsys, *argv) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+def test_a_trained_folder_records_what_its_model_outputs(trained, capsys):
+    for objective, kind in (("dit", "epsilon"), ("sit", "flow")):
+        config = json.loads((trained[objective] / "transformer" / "config.json").read_text())
+        assert config["prediction_type"] == kind
+    code, _, err = run_cli(capsys, "sample", "-m", trained["sit"], "--scheduler", "ddim", "--steps", 1, "-q")
+    assert code == 1 and "does not fit a flow-matching (SiT) model" in err and len(err.strip().splitlines()) == 1
+
+
 def test_sample_writes_the_requested_size_and_grid(trained, tmp_path, capsys):
     out = tmp_path / "three.png"
     code, stdout, _ = run_cli(

@@ -65,8 +65,8 @@ def _from_pretrained(folder: Path):
 
 
 def scheduler_names(pipe) -> tuple[str, ...]:
-    """The short names of the schedulers that fit the pipeline's objective."""
-    return FLOW_SCHEDULERS if pipe.is_flow else EPSILON_SCHEDULERS
+    """The short names of the schedulers that fit the model's objective (recorded, else the saved scheduler's)."""
+    return FLOW_SCHEDULERS if pipe.prediction_type == "flow" else EPSILON_SCHEDULERS
 
 
 def scheduler_key(scheduler) -> str | None:
@@ -81,7 +81,7 @@ def new_scheduler(pipe, name: str, base=None):
 
     allowed = scheduler_names(pipe)
     if name not in allowed:
-        kind = "a flow-matching (SiT)" if pipe.is_flow else "an epsilon (DiT)"
+        kind = "a flow-matching (SiT)" if pipe.prediction_type == "flow" else "an epsilon (DiT)"
         raise ValueError(f"scheduler {name!r} does not fit {kind} model; use {', '.join(allowed)}")
     return getattr(diffusers, SCHEDULERS[name]).from_config((base or pipe.scheduler).config)
 

@@ -44,6 +44,9 @@ def _modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
     return x * (1 + scale[:, None]) + shift[:, None]
 
 
+PREDICTION_TYPES = ("epsilon", "v_prediction", "flow", None)  # what a model outputs (None: not recorded)
+
+
 class NaLaDiTBlock(nn.Module):
     """adaLN-Zero transformer block: ``x + gate * attn(modulate(LN(x)))``, then the same with an MLP.
 
@@ -93,6 +96,9 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         interpolate_pos_embed: at a grid other than the training one, scale positions so that the longer side
             spans the training grid (PixArt-style); False keeps one position per patch (extrapolation).
         norm_eps: epsilon of the (affine-free) LayerNorms.
+        prediction_type: what the model was trained to output: ``"epsilon"`` (DiT), ``"v_prediction"``,
+            ``"flow"`` (SiT: the velocity ``noise - data``), or None (not recorded: the scheduler decides, as
+            before this field existed). ``nala-gen train`` records it; the pipeline checks its scheduler against it.
     """
 
     _supports_gradient_checkpointing = True
@@ -120,8 +126,11 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         gate: bool = True,
         interpolate_pos_embed: bool = False,
         norm_eps: float = 1e-6,
+        prediction_type: str | None = None,
     ) -> None:
         super().__init__()
+        if prediction_type not in PREDICTION_TYPES:
+            raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
         if hidden_size % num_attention_heads:
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_attention_heads {num_attention_heads}")
         self.out_channels = 2 * in_channels if learn_sigma else in_channels

@@ -29,6 +29,7 @@ class EpsilonObjective:
     """DiT: noise prediction under the DDPM linear-beta schedule."""
 
     name = "dit"
+    prediction_type = "epsilon"  # what the model outputs (recorded in the saved transformer's config)
 
     def __init__(self, clip_sample: bool = True) -> None:
         # Pixels live in [-1, 1], so sampling may clip the x_0 estimate; latents must not be clipped.
@@ -59,6 +60,7 @@ class FlowObjective:
     """SiT: velocity ``noise - data`` on the linear path, in diffusers' sigma convention."""
 
     name = "sit"
+    prediction_type = "flow"
 
     def __init__(self, sigma_sampling: str = "uniform", logit_mean: float = 0.0, logit_std: float = 1.0) -> None:
         self.sigma_sampling, self.logit_mean, self.logit_std = sigma_sampling, logit_mean, logit_std

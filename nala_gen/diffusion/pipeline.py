@@ -149,6 +149,46 @@ class NaLaDiTPipeline(DiffusionPipeline):
         return isinstance(self.scheduler, FLOW_SCHEDULERS)
 
     @property
+    def prediction_type(self) -> str:
+        """What the transformer outputs: its recorded ``prediction_type``, else what the scheduler implies."""
+        recorded = self.transformer.config.get("prediction_type")
+        return recorded or ("flow" if self.is_flow else "epsilon")
+
+    def check_scheduler(self) -> None:
+        """Refuse, in one line naming the schedulers that fit, a scheduler of the other family than the model's
+        objective (flow matching against noise prediction). Within the noise family a scheduler expecting
+        another output (epsilon, v_prediction, sample) is served by converting the model's (see ``_predict``)."""
+        if (self.prediction_type == "flow") == self.is_flow:
+            return
+        used = type(self.scheduler).__name__
+        if self.prediction_type == "flow":
+            fits = "FlowMatchEulerDiscreteScheduler or FlowMatchHeunDiscreteScheduler (nala-gen: euler, heun)"
+            raise ValueError(f"this model was trained for flow matching (SiT); {used} does not fit it: use {fits}")
+        fits = "DDPMScheduler, DDIMScheduler or DPMSolverMultistepScheduler (nala-gen: ddpm, ddim, dpm)"
+        kind = self.prediction_type
+        raise ValueError(f"this model was trained to predict {kind} (DiT); {used} does not fit it: use {fits}")
+
+    def _convert(self, pred: torch.Tensor, latents: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """The model's noise-family output as the scheduler's ``prediction_type`` expects it (x_t = a x0 + s eps)."""
+        wanted = getattr(self.scheduler.config, "prediction_type", "epsilon")
+        have = self.prediction_type
+        if self.is_flow or wanted == have:
+            return pred
+        alphas = getattr(self.scheduler, "alphas_cumprod", None)
+        if alphas is None:
+            raise ValueError(
+                f"{type(self.scheduler).__name__} expects {wanted!r}, and it has no alphas to convert {have!r}"
+            )
+        abar = alphas.to(latents.device, torch.float32)[int(t)]
+        a, s = abar.sqrt(), (1 - abar).sqrt()
+        x = latents.float()
+        p = pred.float()
+        eps = {"epsilon": p, "v_prediction": s * x + a * p, "sample": (x - a * p) / s}[have]
+        x0 = (x - s * eps) / a
+        out = {"epsilon": eps, "v_prediction": a * eps - s * x0, "sample": x0}[wanted]
+        return out.to(pred.dtype)
+
+    @property
     def vae_scale_factor(self) -> int:
         if self.vae is None:
             return 1
@@ -184,6 +224,7 @@ class NaLaDiTPipeline(DiffusionPipeline):
             cond, uncond = pred.chunk(2)
             pred = uncond + guidance_scale * (cond - uncond)
             rest = rest.chunk(2)[0]
+        pred = self._convert(pred, latents, t)
         if rest.shape[1] and self._uses_learned_variance():
             return torch.cat([pred, rest], dim=1)
         return pred
@@ -259,6 +300,7 @@ class NaLaDiTPipeline(DiffusionPipeline):
             raise ValueError(f"callback_on_step_end_tensor_inputs must be among {self._callback_tensor_inputs}")
         if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
             raise ValueError(f"num_images_per_prompt must be a positive int, got {num_images_per_prompt!r}")
+        self.check_scheduler()
         self._guidance_scale = guidance_scale
         self._interrupt = False
         config = self.transformer.config
@@ -314,6 +356,7 @@ class NaLaDiTPipeline(DiffusionPipeline):
             "model_evals": evals,
             "batch": len(ids) * (2 if guidance_scale > 1 else 1),
             "mode": "flow" if self.is_flow else "epsilon",
+            "prediction_type": self.prediction_type,
             "attention_type": config.attention_type,
             "device": str(device),
         }

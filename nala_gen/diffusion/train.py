@@ -206,7 +206,8 @@ def save_pipeline(output_dir: Path, model, ema, objective, vae, id2label: dict) 
     from .model import NaLaDiTTransformer2DModel
     from .pipeline import NaLaDiTPipeline
 
-    final = NaLaDiTTransformer2DModel.from_config(model.config)
+    # The folder records what the model outputs, so a swapped scheduler is checked against it.
+    final = NaLaDiTTransformer2DModel.from_config(model.config, prediction_type=objective.prediction_type)
     final.load_state_dict({k: v.detach().float().cpu() for k, v in model.state_dict().items()})
     if ema is not None:
         ema.copy_to(final.parameters())
