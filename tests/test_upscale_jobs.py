@@ -75,3 +75,21 @@ def test_a_changed_option_or_input_is_redone_and_said(job):
     one = subprocess.run(job["cmd"], capture_output=True, text=True, timeout=300)
     done = [r["output"] for r in records(one.stdout) if r["status"] == "ok"]
     assert done == [str(job["out"] / "img3_x4.png")] and "the input changed" in one.stderr
+
+
+@pytest.mark.slow
+def test_two_torchrun_processes_split_the_job_and_match_one_process_byte_for_byte(job, tmp_path):
+    single = subprocess.run(job["cmd"], capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr
+    out2 = tmp_path / "out2"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", *job["cmd"][1:]]
+    cmd[cmd.index(str(job["out"]))] = str(out2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    double = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert double.returncode == 0, double.stderr[-2000:]
+    assert double.stderr.count("8 of 8 images upscaled by 2 processes") == 1  # one rank prints the summary
+    written = [r["output"] for r in records(double.stdout) if r["status"] == "ok"]
+    assert len(written) == len(set(written)) == 8  # each output by exactly one rank
+    for i in range(8):
+        name = f"img{i}_x4.png"
+        assert (out2 / name).read_bytes() == (job["out"] / name).read_bytes()

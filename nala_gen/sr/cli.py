@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import glob
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -222,6 +223,11 @@ def upscale(argv: list[str]) -> int:
     settings.update(tile=args.tile, tile_pad=args.tile_pad, alpha=args.alpha, precision=engine.precision)
     settings.update(memory_budget_mb=args.memory_budget_mb, ext=args.ext, suffix=args.suffix)
     resolved_inputs = {p.resolve() for p in inputs}
+    # Under torchrun (or accelerate launch, srun) each rank takes every WORLD_SIZE-th input of the same sorted list,
+    # so each output is written by exactly one rank and the outputs equal a one-process run's.
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    total = len(inputs)
+    inputs = inputs[rank::world]
     failures = 0
     show_progress = not args.quiet and sys.stderr.isatty()
     for src in tqdm(inputs, desc="images", unit="img", disable=not show_progress or len(inputs) == 1):
@@ -273,7 +279,28 @@ def upscale(argv: list[str]) -> int:
             )
         elif not args.quiet:
             print(dst)
+    if world > 1:
+        failures = _gather_failures(failures, rank, world, total)
     return 1 if failures else 0
+
+
+def _gather_failures(failures: int, rank: int, world: int, total: int) -> int:
+    """Wait for every rank (torch.distributed, gloo), sum their failures; rank 0 prints the summary line."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    try:
+        count = torch.tensor([failures])
+        dist.all_reduce(count)
+        if rank == 0:
+            print(
+                f"nala-sr upscale: {total - int(count)} of {total} images upscaled by {world} processes",
+                file=sys.stderr,
+            )
+        return int(count)
+    finally:
+        dist.destroy_process_group()
 
 
 def models(argv: list[str]) -> int:
