@@ -44,15 +44,39 @@ def prepare(argv: list[str]) -> int:
     div2k.add_argument("--crop", type=int, default=480)
     div2k.add_argument("--step", type=int, default=240)
     div2k.add_argument("--lmdb", action="store_true", help="also pack every folder as LMDB with meta_info.txt")
+    photos = sub.add_parser("photos", help="DIV2K-style set from the photographs in Debian's wallpaper packages")
+    photos.add_argument("out", nargs="?", type=Path, default=Path("datasets/photos"))
+    photos.add_argument("--install", action="store_true", help="apt-get install the wallpaper packages (root)")
+    photos.add_argument("--crop", type=bounded(int, 48), default=480)
+    photos.add_argument("--step", type=bounded(int, 1), default=240)
+    photos.add_argument("--no-mini", action="store_true", help="leave out the mini set's scikit-image/-learn photos")
+    photos.add_argument("--lmdb", action="store_true", help="also pack the train folders as LMDB")
     bench = sub.add_parser("benchmark", help="GTmod12 + LRbicx{2,3,4} from any folder of HR images")
     bench.add_argument("hr_dir", type=Path)
     bench.add_argument("out", type=Path)
-    for p in (mini, div2k, bench):
+    for p in (mini, div2k, photos, bench):
         p.add_argument("--scales", type=_scales, default=[2, 3, 4], help="comma-separated, e.g. 2,4")
     args = parser.parse_args(argv)
 
     if args.what == "mini":
         counts = data.prepare_mini(args.out, args.scales, limit=args.limit)
+        where = args.out
+    elif args.what == "photos":
+        from . import photos as photo_set
+
+        if not (photo_set.PLASMA_ROOT.is_dir() and (photo_set.MATE_ROOT / "nature").is_dir()):
+            if not args.install:
+                missing = " ".join(photo_set.PACKAGES)
+                print(
+                    f"nala-sr prepare: error: the wallpaper packages are not installed: add --install (as root) "
+                    f"or run apt-get install {missing}",
+                    file=sys.stderr,
+                )
+                return 1
+            photo_set.install_packages()
+        counts = photo_set.prepare_photos(
+            args.out, scales=args.scales, crop=args.crop, step=args.step, include_mini=not args.no_mini, lmdb=args.lmdb
+        )
         where = args.out
     elif args.what == "div2k":
         counts = data.prepare_div2k(args.root, args.scales, args.crop, args.step, args.lmdb)

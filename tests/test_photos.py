@@ -1,0 +1,55 @@
+"""``nala-sr prepare photos`` on made folders laid out as the wallpaper packages are."""
+
+import json
+
+import cv2
+import numpy as np
+
+from nala_gen.sr.imageio import write_image_atomic
+from nala_gen.sr.photos import dep5_licence, is_val, mate_pictures, plasma_pictures, prepare_photos
+
+
+def photo(seed, h=300, w=400):
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (h // 25, w // 25, 3)).astype(np.float32)
+    return np.clip(cv2.resize(small, (w, h), interpolation=cv2.INTER_CUBIC), 0, 255).astype(np.uint8)
+
+
+def test_photos_keeps_listed_photographs_once_splits_by_picture_and_writes_the_manifest(tmp_path):
+    plasma, mate = tmp_path / "wallpapers", tmp_path / "mate"
+    big = photo(1, 600, 800)
+    for size in ((400, 300), (800, 600)):  # one wallpaper in two resolutions
+        write_image_atomic(
+            cv2.resize(big, size, interpolation=cv2.INTER_AREA),
+            plasma / "Lake" / "contents" / "images" / f"{size[0]}x{size[1]}.png",
+        )
+    write_image_atomic(photo(2), plasma / "Render" / "contents" / "images" / "400x300.png")  # not on the list
+    write_image_atomic(photo(3), mate / "nature" / "Meadow.png")
+    write_image_atomic(photo(4), mate / "nature" / "Forest.png")
+    write_image_atomic(cv2.resize(big, (500, 375), interpolation=cv2.INTER_AREA), mate / "nature" / "LakeAgain.png")
+    (tmp_path / "plasma.copyright").write_text("Format: x\n\nFiles: *\nCopyright: KDE\nLicense: GPL-2+\n")
+    (tmp_path / "mate.copyright").write_text(
+        "Format: x\n\nFiles: nature/Meadow.png\n nature/LakeAgain.png\nLicense: GPL-2+\n\n"
+        "Files: nature/Forest.png\nLicense: CC-BY-SA-4.0\n"
+    )
+    assert dep5_licence(tmp_path / "mate.copyright", "nature/LakeAgain.png") == "GPL-2+"  # a continued Files: line
+    pictures = [
+        *plasma_pictures(plasma, photos=("Lake", "Missing"), copyright_file=tmp_path / "plasma.copyright"),
+        *mate_pictures(mate, copyright_file=tmp_path / "mate.copyright"),
+    ]
+    out = tmp_path / "set"
+    counts = prepare_photos(out, pictures, scales=[2, 4], crop=96, step=96, include_mini=False, val_fraction=0.5)
+    manifest = json.loads((out / "manifest.json").read_text())
+    kept = {p["name"]: p for p in manifest["pictures"]}
+    assert set(kept) == {"plasma_Lake", "mate_Forest", "mate_Meadow"}  # the render is not listed; the copy is dropped
+    assert manifest["duplicates_dropped"] == [{"name": "mate_LakeAgain", "duplicate_of": "plasma_Lake"}]
+    lake = kept["plasma_Lake"]
+    assert (lake["width"], lake["height"], lake["variants"], lake["licence"]) == (800, 600, 2, "GPL-2+")
+    assert kept["mate_Forest"]["licence"] == "CC-BY-SA-4.0" and kept["mate_Meadow"]["package"] == "mate-backgrounds"
+    # Split by picture: a val picture has no sub-image in train, a train picture no val image.
+    val = {p["name"] for p in manifest["pictures"] if p["split"] == "val"}
+    assert val == {n for n in kept if is_val(n, 0.5)} and 0 < len(val) < len(kept)
+    train_stems = {f.name.rsplit("_s", 1)[0] for f in (out / "train" / "HR_sub").iterdir()}
+    assert train_stems == set(kept) - val and not train_stems & val
+    assert {f.stem for f in (out / "val" / "GTmod12").iterdir()} == val
+    assert counts["train_sub_images"] == len(list((out / "train" / "LR_bicubic" / "X4_sub").iterdir())) > 0
