@@ -8,8 +8,9 @@ nature/``), plus the scikit-image and scikit-learn photos of the embedded mini s
   wallpapers: the other 19 are renders or drawings); every picture of mate's ``nature/`` folder is a photograph;
 * **one copy of each picture**: a plasma wallpaper's resolutions are one picture (the largest is used), and any
   two pictures whose 8x8 average hashes differ in at most :data:`DUPLICATE_BITS` bits are one (the first kept);
-* **a held-out validation split by picture**: every picture lands wholly in train or in val, chosen by a stable
-  hash of its name (never sub-images of a training picture); the mini set's own val photos stay in val.
+* **a held-out validation split by picture**: every picture lands wholly in train or in val (never sub-images of a
+  training picture): 15 % of each package's pictures, chosen by a stable hash of their names; the mini set's
+  photos keep their own split.
 
 Large pictures are reduced (area) so that their longer side is at most :data:`MAX_SIDE` (DIV2K's ~2K), which
 also averages away JPEG blocks; then train pictures are cut into ``crop`` sub-images every ``step`` pixels with
@@ -23,6 +24,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -138,9 +140,21 @@ def reduce(img: np.ndarray, max_side: int = MAX_SIDE) -> np.ndarray:
     return cv2.resize(img, (round(w * factor), round(h * factor)), interpolation=cv2.INTER_AREA)
 
 
-def is_val(name: str, fraction: float = VAL_FRACTION) -> bool:
-    """A stable, name-only choice: the same picture is always in the same split."""
-    return int(hashlib.sha1(name.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF < fraction
+def name_hash(name: str) -> int:
+    return int(hashlib.sha1(name.encode()).hexdigest()[:8], 16)
+
+
+def assign_splits(pictures: list[Picture], fraction: float = VAL_FRACTION) -> None:
+    """Hold out ``ceil(fraction * n)`` pictures of each package (those with the lowest name hashes: stable, and
+    independent of the others), so every source is in the validation split; a preset split is kept."""
+    by_package: dict[str, list[Picture]] = {}
+    for picture in pictures:
+        if not picture.split:
+            by_package.setdefault(picture.package, []).append(picture)
+    for group in by_package.values():
+        held_out = {p.name for p in sorted(group, key=lambda p: name_hash(p.name))[: math.ceil(fraction * len(group))]}
+        for picture in group:
+            picture.split = "val" if picture.name in held_out else "train"
 
 
 def prepare_photos(
@@ -193,8 +207,7 @@ def prepare_photos(
                 ),
                 img,
             )
-    for picture, _ in chosen:
-        picture.split = picture.split or ("val" if is_val(picture.name, val_fraction) else "train")
+    assign_splits([p for p, _ in chosen], val_fraction)
     train = [(p.name, img) for p, img in chosen if p.split == "train"]
     val = [(p.name, img) for p, img in chosen if p.split == "val"]
     if not train:
