@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 
 from nala_gen.sr.imageio import write_image_atomic
-from nala_gen.sr.photos import dep5_licence, mate_pictures, plasma_pictures, prepare_photos
+from nala_gen.sr.photos import Picture, assign_splits, dep5_licence, mate_pictures, plasma_pictures, prepare_photos
 
 
 def photo(seed, h=300, w=400):
@@ -54,3 +54,18 @@ def test_photos_keeps_listed_photographs_once_splits_by_picture_and_writes_the_m
     assert train_stems == set(kept) - val and not train_stems & val
     assert {f.stem for f in (out / "val" / "GTmod12").iterdir()} == val
     assert counts["train_sub_images"] == len(list((out / "train" / "LR_bicubic" / "X4_sub").iterdir())) > 0
+
+
+def test_splits_hold_out_a_share_of_each_package_and_keep_preset_ones():
+    pictures = [Picture(f"a{i}", "", "pkg-a", "", 1, 1) for i in range(10)]
+    pictures += [Picture(f"b{i}", "", "pkg-b", "", 1, 1) for i in range(3)]
+    pictures += [Picture("mini_train", "", "pkg-b", "", 1, 1, split="train")]
+    assign_splits(pictures, 0.15)
+    val = [p.name for p in pictures if p.split == "val"]
+    assert sum(n.startswith("a") for n in val) == 2 and sum(n.startswith("b") for n in val) == 1  # ceil(15 %)
+    assert pictures[-1].split == "train"
+    again = [
+        Picture(p.name, "", p.package, "", 1, 1, split="train" if p.name == "mini_train" else "") for p in pictures
+    ]
+    assign_splits(again, 0.15)
+    assert [p.split for p in again] == [p.split for p in pictures]  # stable

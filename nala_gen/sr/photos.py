@@ -202,9 +202,8 @@ def prepare_photos(
             )
             name = f"{source}_{Path(file).stem}"
             consider(
-                Picture(
-                    name, spec, package, licence, img.shape[1], img.shape[0], split="val" if spec in MINI_VAL else ""
-                ),
+                # The mini set's photos keep the mini set's own split.
+                Picture(name, spec, package, licence, *img.shape[1::-1], split="val" if spec in MINI_VAL else "train"),
                 img,
             )
     assign_splits([p for p, _ in chosen], val_fraction)
