@@ -50,6 +50,18 @@ def test_upscale_numbers_are_checked_before_any_work(tmp_path, option, message):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.png"]  # nothing written
 
 
+def test_a_job_over_its_memory_budget_is_refused_up_front_with_its_estimate(tmp_path):
+    # Before: --memory-budget-mb bounded only the network pass (a 1500^2 job peaked at 2,220 MiB under 512 MiB).
+    src = image(tmp_path / "in.jpg", size=(300, 300))
+    proc = run(
+        "nala_gen.sr.cli", "upscale", str(src), "-o", str(tmp_path / "out.jpg"), "--memory-budget-mb", "3", cwd=tmp_path
+    )
+    one_line_error(
+        proc, "needs about", "MiB", "over the memory budget of 3 MiB", ".png output is written as it is made"
+    )
+    assert proc.returncode == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["in.jpg"]
+
+
 def test_upscale_refuses_outputs_that_would_collide(tmp_path):
     a, b = image(tmp_path / "A" / "full.jpg"), image(tmp_path / "B" / "full.jpg")
     proc = run("nala_gen.sr.cli", "upscale", str(a), str(b), "-o", str(tmp_path / "out"), cwd=tmp_path)
