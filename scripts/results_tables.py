@@ -8,6 +8,11 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
+def row(*cells) -> str:
+    """One markdown table row."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
 def attention_table() -> str:
     data = json.loads((RESULTS / "attention_scaling.json").read_text())
     machine = data["machine"]
@@ -93,14 +98,11 @@ def upscale_table() -> str:
         size = f"{r['lr_side']}x{r['lr_side']}"
         engine = r.get("engine", "torch")
         if r["status"] != "ok":
-            lines.append(f"| {r['model']} | {engine} | {r['tile']} | {size} | | {r['status']} | | | |")
+            lines.append(row(r["model"], engine, r["tile"], size, "", r["status"], "", "", ""))
             continue
-        tile = r["tile_size"] or "whole"
-        lines.append(
-            f"| {r['model']} | {engine} | {r['tile']} | {size} | {r['output_megapixels']:.2f} | "
-            f"{r['latency_s']:.2f} s | {r['megapixels_per_s']:.3f} | {r['peak_extra_bytes'] / 2**20:,.0f} MiB | "
-            f"{r['tiles']} ({tile}) |"
-        )
+        mp, latency, rate = f"{r['output_megapixels']:.2f}", f"{r['latency_s']:.2f} s", f"{r['megapixels_per_s']:.3f}"
+        peak, passes = f"{r['peak_extra_bytes'] / 2**20:,.0f} MiB", f"{r['tiles']} ({r['tile_size'] or 'whole'})"
+        lines.append(row(r["model"], engine, r["tile"], size, mp, latency, rate, peak, passes))
     return "\n".join(lines)
 
 
@@ -115,15 +117,20 @@ def upscale_memory_table() -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in data["rows"]:
-        side = r["lr_side"]
+        sides = (f"{r['lr_side']}²", f"{4 * r['lr_side']}²")
         if r.get("status") != "ok":
-            lines.append(f"| {side}² | {4 * side}² | {r.get('status')}: {r.get('error', '')} | | | | | |")
+            lines.append(row(*sides, f"{r.get('status')}: {r.get('error', '')}", "", "", "", "", ""))
             continue
-        lines.append(
-            f"| {side}² | {4 * side}² | {r['process_peak_rss_bytes'] / mib:,.0f} MiB | "
-            f"{(r['budget_bytes'] + r['fixed_bytes']) / mib:,.0f} MiB | {r['estimate_mib']:,.0f} MiB | "
-            f"{r['tile_size']} ({r['tiles']}) | {'streamed' if r['streamed'] else 'in memory'} | {r['wall_s']:.0f} s |"
+        peak, limit = (
+            f"{r['process_peak_rss_bytes'] / mib:,.0f} MiB",
+            f"{(r['budget_bytes'] + r['fixed_bytes']) / mib:,.0f} MiB",
         )
+        plan = (
+            f"{r['estimate_mib']:,.0f} MiB",
+            f"{r['tile_size']} ({r['tiles']})",
+            "streamed" if r["streamed"] else "in memory",
+        )
+        lines.append(row(*sides, peak, limit, *plan, f"{r['wall_s']:.0f} s"))
     return "\n".join(lines)
 
 
