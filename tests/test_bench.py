@@ -62,7 +62,19 @@ def test_upscale_throughput_bench_writes_consistent_rows(tmp_path):
     pytest.importorskip("matplotlib")
     from nala_gen.bench import upscale_throughput
 
-    argv = ["--models", "nalasr-light-x4", "--sides", "40", "--tiles", "auto", "32", "--repeats", "1"]
+    argv = [
+        "--models",
+        "nalasr-light-x4",
+        "--sides",
+        "40",
+        "--tiles",
+        "auto",
+        "32",
+        "--repeats",
+        "1",
+        "--engines",
+        "torch",
+    ]
     assert upscale_throughput.main([*argv, "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "upscale_throughput.json").read_text())["rows"]
     assert [(r["tile"], r["status"]) for r in rows] == [("auto", "ok"), ("32", "ok")]

@@ -204,7 +204,9 @@ def upscale(argv: list[str]) -> int:
     parser.add_argument(
         "--skip-existing", action="store_true", help="skip images whose output exists (and whose record still fits)"
     )
-    parser.add_argument("--manifest", help=f"JSON-lines job record (default: OUT/{MANIFEST_NAME} with -o FOLDER)")
+    parser.add_argument(
+        "--manifest", help=f"JSON-lines job record (default with --skip-existing and -o FOLDER: FOLDER/{MANIFEST_NAME})"
+    )
     parser.add_argument("--report", action="store_true", help="print a readout per image")
     parser.add_argument("--json", action="store_true", help="one JSON object per image on stdout")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -238,9 +240,11 @@ def upscale(argv: list[str]) -> int:
         print(f"nala-sr upscale: error: {err}", file=sys.stderr)
         return 1
 
-    manifest = None
-    if args.manifest or (args.output and Path(args.output).suffix.lower() not in IMAGE_SUFFIXES):
-        manifest = JobManifest(args.manifest or Path(args.output) / MANIFEST_NAME)
+    manifest = None  # kept for resumable jobs: with --skip-existing (beside a -o folder) or --manifest
+    if args.manifest:
+        manifest = JobManifest(args.manifest)
+    elif args.skip_existing and args.output and Path(args.output).suffix.lower() not in IMAGE_SUFFIXES:
+        manifest = JobManifest(Path(args.output) / MANIFEST_NAME)
     # What decides an output's pixels (the device does not, beyond rounding): a record with other values is redone.
     settings = {"model": info["name"], "model_sha256": info.get("sha256", info["source"]), "scale": args.scale}
     settings["outscale"] = args.outscale
@@ -268,7 +272,7 @@ def upscale(argv: list[str]) -> int:
                     redo = None if dst.exists() else "no output yet"
                 if redo is None:
                     if args.json:
-                        print(json.dumps({"input": str(src), "output": str(dst), "status": "skipped"}), flush=True)
+                        emit({"input": str(src), "output": str(dst), "status": "skipped"})
                     continue
                 if dst.exists():
                     print(f"nala-sr upscale: redoing {dst}: {redo}", file=sys.stderr)
@@ -280,7 +284,7 @@ def upscale(argv: list[str]) -> int:
             reason = str(err).splitlines()[0] if str(err) else type(err).__name__
             print(f"nala-sr upscale: error: {src}: {reason}", file=sys.stderr)
             if args.json:
-                print(json.dumps({"input": str(src), "status": "error", "error": reason}), flush=True)
+                emit({"input": str(src), "status": "error", "error": reason})
             continue
         record = {"input": str(src), "output": str(dst), "status": "ok", "model": info["name"], **readout.as_dict()}
         if manifest is not None:
@@ -291,7 +295,7 @@ def upscale(argv: list[str]) -> int:
                     f"nala-sr upscale: warning: cannot record {dst} in {manifest.path}: {err.strerror}", file=sys.stderr
                 )
         if args.json:
-            print(json.dumps(record), flush=True)
+            emit(record)
         elif args.report:
             print(
                 f"{src} -> {dst}: {readout.input_size[0]}x{readout.input_size[1]} -> "
@@ -306,6 +310,12 @@ def upscale(argv: list[str]) -> int:
     if world > 1:
         failures = _gather_failures(failures, rank, world, total)
     return 1 if failures else 0
+
+
+def emit(record: dict) -> None:
+    """One JSON line on stdout in one write, so the lines of several processes sharing it never interleave."""
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
 
 
 def _gather_failures(failures: int, rank: int, world: int, total: int) -> int:
