@@ -16,21 +16,10 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import torch
 
+from nala_gen.bench.upscale_memory import stand_in_network
 from nala_gen.profiling import current_rss
 from nala_gen.sr.upscaler import Upscaler
-
-
-class StandIn(torch.nn.Module):
-    def __init__(self, scale: int = 4) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.body = torch.nn.Conv2d(3, 3 * scale**2, 3, padding=1)
-        self.shuffle = torch.nn.PixelShuffle(scale)
-
-    def forward(self, x):
-        return torch.sigmoid(self.shuffle(self.body(x)))
 
 
 def photo_like(side: int) -> np.ndarray:
@@ -42,7 +31,7 @@ def main() -> int:
     side = int(sys.argv[1]) if len(sys.argv) > 1 else 6000
     budget = 512 * 2**20
     img = photo_like(side)
-    engine = Upscaler(StandIn(), 4, memory_budget=budget)
+    engine = Upscaler(stand_in_network(), 4, memory_budget=budget)
     engine.upscale(photo_like(32))  # libraries, thread pools and the network warmed up: the fixed cost
     fixed = current_rss() - img.nbytes
     with tempfile.TemporaryDirectory() as tmp:

@@ -8,26 +8,14 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-import torch
 
+from nala_gen.bench.upscale_memory import stand_in_network
 from nala_gen.sr.imageio import read_image
 from nala_gen.sr.resample import INTERPOLATIONS, RowResizer, resize_rows
 from nala_gen.sr.upscaler import MemoryBudgetError, Upscaler
 
 MIB = 2**20
-
-
-class LocalSR(torch.nn.Module):
-    """A cheap stand-in network (the memory of the job, not of the network, is under test here)."""
-
-    def __init__(self, scale: int = 4) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.body = torch.nn.Conv2d(3, 3 * scale**2, 3, padding=1)
-        self.shuffle = torch.nn.PixelShuffle(scale)
-
-    def forward(self, x):
-        return torch.sigmoid(self.shuffle(self.body(x)))
+LocalSR = stand_in_network  # the memory of the job, not of the network, is under test here
 
 
 def smooth(shape, dtype=np.uint8, seed=0):
@@ -112,7 +100,8 @@ def test_streamed_png_equals_the_in_memory_result(tmp_path, shape, dtype):
 JOB = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-from test_upscale_memory import LocalSR, smooth
+from test_upscale_memory import smooth
+from nala_gen.bench.upscale_memory import stand_in_network as LocalSR
 from nala_gen.sr.upscaler import Upscaler
 engine = Upscaler(LocalSR(), 4, memory_budget=64 * 2**20)
 print(json.dumps(engine.upscale_to_file(smooth((1000, 1000, 3)), sys.argv[2]).as_dict()))

@@ -26,6 +26,17 @@ from nala_gen.bench.upscale_throughput import sample_input
 SIDES = (1500, 3000)
 
 
+def stand_in_network(scale: int = 4):
+    """A cheap stand-in SR network (one 3x3 convolution, a pixel shuffle, a sigmoid; seeded random weights), for
+    measuring the upscale job's own memory where a real network would take too long (tests, 6000^2 inputs)."""
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 3 * scale**2, 3, padding=1), torch.nn.PixelShuffle(scale), torch.nn.Sigmoid()
+    )
+
+
 def run_job(args: list[str], timeout: float) -> dict:
     """``nala-sr upscale *args --json`` in a fresh process -> its JSON record, wall time and peak RSS."""
     cmd = [sys.executable, "-m", "nala_gen.sr.cli", "upscale", *args, "--json", "-q"]
