@@ -10,12 +10,14 @@ TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg pyproject.toml Makefile
+$(STAMP): setup.cfg setup.py pyproject.toml Makefile nala_gen/attention/csrc/nala_fused.cpp nala_gen/attention/csrc/nala_tiles.inc
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q $(TORCH_PINS) setuptools wheel numpy
+	$(BIN)/pip install -q $(TORCH_PINS) setuptools wheel numpy ninja
 	# basicsr 1.4.2's setup.py imports torch: build it against the torch above, not in isolation.
 	$(BIN)/pip install -q --no-build-isolation basicsr==1.4.2
-	$(BIN)/pip install -q -e '.[sr,diffusion,plot,app,test]'
+	# Not isolated either: the fused NaLa op (C++, about a minute to compile) builds against that torch.
+	$(BIN)/pip install -q --no-build-isolation -e '.[sr,diffusion,plot,app,test]'
+	$(BIN)/python -c "from nala_gen.attention import fused; print('nala_gen: fused NaLa op:', fused.instruction_set() or fused.unavailable_reason())"
 	touch $@
 
 demo: $(STAMP)
@@ -75,4 +77,4 @@ weights-diffusion: $(STAMP)
 		$(BIN)/nala-gen export experiments/$$cfg --name $$name --out weights || exit 1; done
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) outputs .pytest_cache .ruff_cache *.egg-info build nala_gen/attention/_nala_fused*.so

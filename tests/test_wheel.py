@@ -55,7 +55,8 @@ def run(env, *cmd, timeout=300):
 
 def test_the_wheel_carries_the_weights_and_no_top_level_apps(wheel_env):
     names = zipfile.ZipFile(wheel_env["wheel"]).namelist()
-    assert {n.split("/")[0] for n in names} == {"nala_gen", f"{wheel_env['wheel'].name.split('-py')[0]}.dist-info"}
+    name, version = wheel_env["wheel"].name.split("-")[:2]
+    assert {n.split("/")[0] for n in names} == {"nala_gen", f"{name}-{version}.dist-info"}
     for shipped in (
         "weights/nalasr-light-x4.safetensors",
         "weights/naladit-digits/model_index.json",
@@ -64,6 +65,14 @@ def test_the_wheel_carries_the_weights_and_no_top_level_apps(wheel_env):
         assert f"nala_gen/resources/{shipped}" in names
     proc = run(wheel_env, wheel_env["bin"] / "python", "-c", "import nala_gen; print(nala_gen.__file__)")
     assert Path(proc.stdout.strip()).is_relative_to(wheel_env["site"]), proc.stdout + proc.stderr
+
+
+def test_the_wheel_carries_the_fused_op_and_it_loads(wheel_env):
+    names = zipfile.ZipFile(wheel_env["wheel"]).namelist()
+    assert any(n.startswith("nala_gen/attention/_nala_fused") and n.endswith(".so") for n in names), names
+    code = "from nala_gen.attention import fused; print(fused._op.__file__, fused.instruction_set())"
+    proc = run(wheel_env, wheel_env["bin"] / "python", "-c", code)
+    assert proc.returncode == 0 and Path(proc.stdout.split()[0]).is_relative_to(wheel_env["site"]), proc.stderr
 
 
 def test_upscale_and_models_from_the_wheel(wheel_env):

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from . import fused
 from .kernels import SOFTMAX_KERNELS, compiled_feature_map, safe_keys, upcast
 from .kernels import kernel as kernel_spec
 from .rope import apply_rope
@@ -129,9 +130,11 @@ def linear_attention(
     if compile is None:
         compile = os.environ.get("NALA_GEN_COMPILE", "0").lower() in ("1", "true", "yes")
     spec = kernel_spec(kernel)
-    phi = compiled_feature_map(kernel) if compile else spec.features
     k = safe_keys(kernel, k, **kernel_options)
     eps_total = spec.denominator_eps * k.shape[-2]
+    if kernel == "nala" and not compile and fused.eligible(q, k, v, kernel_options):
+        return fused.nala_attention(q, k, v, rope, eps_total, **kernel_options)
+    phi = compiled_feature_map(kernel) if compile else spec.features
     kv, k_sum = None, None
     for start in range(0, k.shape[-2], chunk_size):
         stop = start + chunk_size

@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
+import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from nala_gen.attention import feature_dim, linear_attention
-from nala_gen.bench.common import run_worker, write_cost_results
-from nala_gen.profiling import PeakMemory
+from nala_gen.attention import feature_dim, fused, linear_attention
+from nala_gen.bench.common import machine_info, run_worker, write_cost_results
+from nala_gen.profiling import PeakMemory, synchronize
 
 SIZES = (1024, 4096, 16384, 65536, 71680)
-METHODS = ("nala", "nala_compiled", "nala_split", "relu", "softmax_sdpa", "softmax_explicit")
+METHODS = ("nala", "nala_eager", "nala_compiled", "nala_split", "relu", "softmax_sdpa", "softmax_explicit")
 COMPILED = "_compiled"  # suffix: the same kernel with its feature map fused by torch.compile
+EAGER = "_eager"  # suffix: the same kernel on the PyTorch path (the fused C++ op switched off), i.e. "before"
 EXPLICIT_BUDGET_BYTES = 10 * 2**30
 
 
@@ -47,35 +49,50 @@ def method_fn(method: str, q, k, v):
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
     if method == "softmax_explicit":
         return lambda: explicit_softmax(q, k, v)
-    kernel = method.removesuffix(COMPILED)
+    kernel = method.removesuffix(COMPILED).removesuffix(EAGER)
     return lambda: linear_attention(q, k, v, kernel=kernel, compile=method.endswith(COMPILED))
 
 
 def linear_flops(method: str, n: int, heads: int, d: int) -> int:
     """Matmul FLOPs of the linear op: key state, query numerator and denominator."""
-    f = feature_dim(method.removesuffix(COMPILED), d)
+    f = feature_dim(method.removesuffix(COMPILED).removesuffix(EAGER), d)
     return heads * n * (4 * f * d + 2 * f)
 
 
-def worker(method: str, n: int, heads: int, d: int, repeats: int) -> dict:
+def timed(fn, device: str) -> float:
+    """Seconds of fn() (device-synchronised)."""
+    synchronize(device)
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def backward_times(method: str, n: int, heads: int, d: int, repeats: int, device: str = "cpu") -> list[float]:
+    """Seconds of ``out.backward(grad)`` alone (the forward that builds the graph is not counted), per run."""
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, heads, n, d, device=device, requires_grad=True) for _ in range(3))
+    grad = torch.randn(1, heads, n, d, device=device)
+    fn = method_fn(method, q, k, v)
+    runs = []
+    for _ in range(repeats + 1):  # the first warms up
+        out = fn()
+        runs.append(timed(lambda out=out: out.backward(grad), device))
+        q.grad = k.grad = v.grad = None
+    return runs[1:]
+
+
+def worker(method: str, n: int, heads: int, d: int, repeats: int, backward: bool = False, device: str = "cpu") -> dict:
     torch.manual_seed(0)
     with torch.inference_mode():
-        q, k, v = (torch.randn(1, heads, n, d) for _ in range(3))
+        q, k, v = (torch.randn(1, heads, n, d, device=device) for _ in range(3))
         fn = method_fn(method, q, k, v)
         compile_s = None
         if method.endswith(COMPILED):  # compile outside the measurement; reported on its own
-            start = time.perf_counter()
-            fn()
-            compile_s = time.perf_counter() - start
-        with PeakMemory("cpu") as memory:
-            start = time.perf_counter()
-            fn()
-            cold_s = time.perf_counter() - start
-        runs = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn()
-            runs.append(time.perf_counter() - start)
+            compile_s = timed(fn, device)
+        with PeakMemory(device) as memory:
+            cold_s = timed(fn, device)
+        runs = [timed(fn, device) for _ in range(repeats)]
     # The cold run (fresh pages for every buffer) measures memory; the latency is the median of the warm runs.
     result = {
         "latency_s": statistics.median(runs),
@@ -83,34 +100,54 @@ def worker(method: str, n: int, heads: int, d: int, repeats: int) -> dict:
         "cold_s": cold_s,
         "peak_extra_bytes": memory.peak_bytes,
     }
+    if backward:
+        result["backward_runs_s"] = backward_times(method, n, heads, d, repeats, device)
+        result["backward_s"] = statistics.median(result["backward_runs_s"])
     return result if compile_s is None else {**result, "first_call_s": compile_s}
 
 
-def machine_floor() -> dict:
+def machine_floor(device: str = "cpu") -> dict:
     """torch.mm fp32 GFLOP/s (2048^3) and copy bandwidth (256 MiB, read + write counted)."""
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    out = torch.empty(2048, 2048)
-    mm = []
-    for _ in range(7):
-        start = time.perf_counter()
-        torch.mm(a, b, out=out)
-        mm.append(time.perf_counter() - start)
-    src = torch.randn(64 * 2**20)
+    a, b = torch.randn(2048, 2048, device=device), torch.randn(2048, 2048, device=device)
+    out = torch.empty(2048, 2048, device=device)
+    mm = [timed(lambda: torch.mm(a, b, out=out), device) for _ in range(7)]
+    src = torch.randn(64 * 2**20, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    copy = []
-    for _ in range(7):
-        start = time.perf_counter()
-        dst.copy_(src)
-        copy.append(time.perf_counter() - start)
+    copy = [timed(lambda: dst.copy_(src), device) for _ in range(7)]
     return {
         "mm_gflops": 2 * 2048**3 / statistics.median(mm[1:]) / 1e9,
         "copy_gbps": 2 * src.numel() * 4 / statistics.median(copy) / 1e9,
     }
 
 
-def run_config(method: str, n: int, heads: int, d: int, repeats: int, thp: bool) -> dict:
-    row = {"method": method, "tokens": n, "heads": heads, "head_dim": d}
+@contextmanager
+def busy_core(active: bool):
+    """While active, a second process spins on one core (the "another job on the machine" condition)."""
+    if not active:
+        yield
+        return
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.5)  # let it reach the scheduler's steady state
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def run_config(
+    method: str,
+    n: int,
+    heads: int,
+    d: int,
+    repeats: int,
+    thp: bool,
+    backward: bool = False,
+    busy: bool = False,
+    device: str = "cpu",
+) -> dict:
+    row = {"method": method, "tokens": n, "heads": heads, "head_dim": d, "busy_core": busy}
     if method == "softmax_explicit" and explicit_bytes(n, heads) > EXPLICIT_BUDGET_BYTES:
         need = explicit_bytes(n, heads)
         return {
@@ -120,11 +157,13 @@ def run_config(method: str, n: int, heads: int, d: int, repeats: int, thp: bool)
             "note": f"explicit N x N softmax needs ~{need / 1e9:.0f} GB (computed, not measured)",
         }
     args = ["--worker", method, "--sizes", str(n), "--heads", str(heads), "--head-dim", str(d)]
-    result = run_worker(
-        "nala_gen.bench.attention_scaling",
-        [*args, "--repeats", str(repeats)],
-        {"THP_MEM_ALLOC_ENABLE": "1" if thp else "0"},
-    )
+    backward = backward and not method.startswith("softmax_explicit")
+    with busy_core(busy):
+        result = run_worker(
+            "nala_gen.bench.attention_scaling",
+            [*args, "--repeats", str(repeats), "--device", device, *(["--backward"] if backward else [])],
+            {"THP_MEM_ALLOC_ENABLE": "1" if thp else "0", "NALA_GEN_FUSED": "0" if method.endswith(EAGER) else "1"},
+        )
     return {**row, "status": "ok", **result}
 
 
@@ -141,6 +180,25 @@ def summarise(rows: list[dict], floor: dict) -> None:
         row["io_floor_s"] = io_bytes / (floor["copy_gbps"] * 1e9)
 
 
+def shown_row(row: dict) -> str:
+    if row["status"] != "ok":
+        return row.get("note", row["status"])
+    text = f"{row['latency_s'] * 1e3:10.1f} ms {row['peak_extra_bytes'] / 2**20:8.1f} MiB"
+    return text + (f"  backward {row['backward_s'] * 1e3:.1f} ms" if "backward_s" in row else "")
+
+
+def contention_ratios(rows: list[dict]) -> list[dict]:
+    """Per (method, N): the busy-core median over the idle median, both measured in this run."""
+    idle = {(r["method"], r["tokens"]): r for r in rows if r["status"] == "ok" and not r["busy_core"]}
+    out = []
+    for r in rows:
+        base = idle.get((r["method"], r["tokens"]))
+        if r["status"] == "ok" and r["busy_core"] and base:
+            ratio = r["latency_s"] / base["latency_s"]
+            out.append({"method": r["method"], "tokens": r["tokens"], "busy_over_idle": ratio})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nala-bench attention", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
@@ -153,42 +211,60 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="do not ask PyTorch for transparent huge pages (THP_MEM_ALLOC_ENABLE)",
     )
+    parser.add_argument("--backward", action="store_true", help="also time the backward pass (inputs need grad)")
+    parser.add_argument(
+        "--contention",
+        action="store_true",
+        help="run every point twice, idle and with a second process spinning on one core; writes attention_contention",
+    )
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (CUDA-synchronised times; peak is allocated)")
+    parser.add_argument("--tag", default="", help="suffix of the result files (e.g. cuda)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.worker:
-        print(json.dumps(worker(args.worker, args.sizes[0], args.heads, args.head_dim, args.repeats)))
+        result = worker(args.worker, args.sizes[0], args.heads, args.head_dim, args.repeats, args.backward, args.device)
+        print(json.dumps(result))
         return 0
 
-    floor = machine_floor()
+    floor = machine_floor(args.device)
     print(f"torch.mm fp32: {floor['mm_gflops']:.0f} GFLOP/s; copy: {floor['copy_gbps']:.1f} GB/s", flush=True)
     rows = []
     for n in args.sizes:
         for method in args.methods:
-            row = run_config(method, n, args.heads, args.head_dim, args.repeats, not args.no_thp)
-            rows.append(row)
-            shown = (
-                f"{row['latency_s'] * 1e3:10.1f} ms {row['peak_extra_bytes'] / 2**20:8.1f} MiB"
-                if row["status"] == "ok"
-                else row.get("note", row["status"])
-            )
-            print(f"N={n:>6} {method:<17} {shown}", flush=True)
+            for busy in (False, True) if args.contention else (False,):
+                row = run_config(
+                    method,
+                    n,
+                    args.heads,
+                    args.head_dim,
+                    args.repeats,
+                    not args.no_thp,
+                    args.backward,
+                    busy,
+                    args.device,
+                )
+                rows.append(row)
+                print(f"N={n:>6} {method:<17}{' busy' if busy else ''} {shown_row(row)}", flush=True)
     summarise(rows, floor)
     result = {
-        "machine": {
-            "cpu_count": os.cpu_count(),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "thp": not args.no_thp,
-            **floor,
-        },
+        "machine": {**machine_info(args.device), "thp": not args.no_thp, "fused_op": fused.instruction_set(), **floor},
         "repeats": args.repeats,
         "rows": rows,
     }
+    if args.contention:
+        result["contention"] = contention_ratios(rows)
+        args.out.mkdir(parents=True, exist_ok=True)
+        path = args.out / f"attention_contention{'_' + args.tag if args.tag else ''}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        for entry in result["contention"]:
+            print(f"N={entry['tokens']:>6} {entry['method']:<17} busy/idle median {entry['busy_over_idle']:.2f}")
+        print(f"wrote {path}")
+        return 0
     write_cost_results(
         args.out,
-        "attention_scaling",
+        "attention_scaling" + (f"_{args.tag}" if args.tag else ""),
         result,
         "method",
         "tokens N (4 heads, d = 32, fp32, batch 1)",

@@ -1,0 +1,389 @@
+// Fused NaLa linear attention for the CPU: forward and backward in tiles of tokens that stay in cache.
+//
+// out_t = (R_t phi(q_t))^T KV / max(phi(q_t) . z + eps, tiny),  KV = sum_j (R_j phi(k_j)) v_j^T,  z = sum_j phi(k_j)
+//
+// phi is the NaLa map (nala_gen.attention.kernels.nala_features), R_t the optional RoPE rotation of the numerator
+// features. The eager PyTorch form makes a dozen passes over (N, 2d) buffers per call; here each tile of 64 tokens
+// is mapped, rotated and multiplied while it is in L1/L2, so the features never exist for all tokens at once.
+// Work is split into (batch*head, token range) items handed out by an atomic counter (a core that is busy with
+// another process simply takes fewer items), and partial sums are reduced in a fixed order, so results do not
+// depend on the thread count or on timing.
+//
+// The backward recomputes the features tile by tile (nothing O(N F) is saved): one pass over the queries
+// accumulates dKV and dz and writes dq, one pass over the keys writes dk and dv.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace nala_fused {
+
+struct MapSpec {
+  int d, Dp;          // head size and its padded width (multiple of 8)
+  float lam, tau, angle_scale;
+  bool key_raw;       // keys' magnitude |k_i|^lam (the paper) instead of |dir(k)_i|^lam
+  int lam_int;        // lam when it is a whole number in [1, 8] (keys' power by products), else 0
+};
+
+// One thread's scratch for one tile of tokens (pointers into a buffer the thread owns).
+struct Tile {
+  float *x, *u, *m, *c, *s, *th, *lg;  // T x Dp
+  float *phi;                          // T x 2Dp
+  float *norm, *power, *tanh_norm;     // T
+  float *gdirect;                      // Dp
+};
+
+#define NALA_ISA baseline
+#include "nala_tiles.inc"
+#undef NALA_ISA
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define NALA_HAVE_AVX2 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#define NALA_ISA avx2
+#include "nala_tiles.inc"
+#undef NALA_ISA
+#pragma GCC pop_options
+#endif
+
+struct Kernels {
+  const char* name;
+  void (*map_tile)(const MapSpec&, bool, float, const float*, int64_t, int, Tile&, bool);
+  void (*rotate_tile)(int, int, const float*, const float*, const float*, int, float*);
+  void (*unrotate_tile)(int, int, const float*, const float*, const float*, int, float*);
+  void (*gemm_nn)(const float*, int, int, const float*, int, float*);
+  void (*gemm_tn_acc)(const float*, int, int, const float*, int, float*);
+  float (*dot)(const float*, const float*, int);
+  void (*axpy)(float, const float*, float*, int);
+  float (*map_tile_backward)(const MapSpec&, bool, float, const Tile&, const float*, int, float*, int64_t, float*);
+};
+
+#define NALA_KERNELS(ns) \
+  Kernels { #ns, ns::map_tile, ns::rotate_tile, ns::unrotate_tile, ns::gemm_nn, ns::gemm_tn_acc, ns::dot, ns::axpy, \
+      ns::map_tile_backward }
+
+static const Kernels& kernels() {
+  static const Kernels chosen = [] {
+#ifdef NALA_HAVE_AVX2
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return NALA_KERNELS(avx2);
+#endif
+    return NALA_KERNELS(baseline);
+  }();
+  return chosen;
+}
+
+constexpr int kTile = 64;  // tokens per tile: 64 x 64 floats of features is 16 KiB, an L1's worth with its operands
+constexpr float kTiny = 1.17549435e-38f;
+
+static int round8(int n) { return (n + 7) / 8 * 8; }
+static int round4(int n) { return (n + 3) / 4 * 4; }
+
+// A (B, H, N, width) float tensor read row by row: row (bh, t) starts at rows(bh) + t * stride.
+struct Rows {
+  const float* data;
+  int64_t heads, stride_b, stride_h, stride_n;
+  Rows(const at::Tensor& x)
+      : data(x.data_ptr<float>()), heads(x.size(1)), stride_b(x.stride(0)), stride_h(x.stride(1)),
+        stride_n(x.stride(2)) {}
+  const float* at(int64_t bh, int64_t t) const {
+    return data + (bh / heads) * stride_b + (bh % heads) * stride_h + t * stride_n;
+  }
+  float* mut(int64_t bh, int64_t t) const { return const_cast<float*>(at(bh, t)); }
+};
+
+// Everything one thread needs for one tile, in one allocation.
+struct Scratch {
+  std::vector<float> buffer;
+  Tile tile;
+  float *rot, *grad_phi, *grad_rot, *values, *grads, *outs, *gu;  // rot, grad_*: T x 2Dp; values...: T x DVp
+  float* den;                                                     // T
+  Scratch(int Dp, int DVp) {
+    const int F = 2 * Dp;
+    const size_t sizes[] = {7u * kTile * Dp, 3u * kTile * F + kTile * F, 3u * kTile * DVp, 3u * kTile, 2u * Dp, kTile};
+    size_t total = 0;
+    for (size_t s : sizes) total += s;
+    buffer.assign(total, 0.0f);
+    float* p = buffer.data();
+    auto take = [&p](size_t n) { float* q = p; p += n; return q; };
+    tile.x = take(kTile * Dp); tile.u = take(kTile * Dp); tile.m = take(kTile * Dp); tile.c = take(kTile * Dp);
+    tile.s = take(kTile * Dp); tile.th = take(kTile * Dp); tile.lg = take(kTile * Dp);
+    tile.phi = take(kTile * F); rot = take(kTile * F); grad_phi = take(kTile * F); grad_rot = take(kTile * F);
+    values = take(kTile * DVp); grads = take(kTile * DVp); outs = take(kTile * DVp);
+    tile.norm = take(kTile); tile.power = take(kTile); tile.tanh_norm = take(kTile);
+    tile.gdirect = take(Dp); gu = take(Dp);
+    den = take(kTile);
+  }
+};
+
+// Run fn(item, scratch) for item in [0, items), items handed out one at a time to the threads of ATen's pool.
+template <class Fn>
+static void for_each_item(int64_t items, int Dp, int DVp, const Fn& fn) {
+  if (items <= 0) return;
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t slot = begin; slot < end; ++slot) {
+      Scratch scratch(Dp, DVp);
+      for (int64_t item = next.fetch_add(1); item < items; item = next.fetch_add(1)) fn(item, scratch);
+    }
+  });
+}
+
+// Copy n rows of `width` floats (row stride `stride`) into a T x padded tile, zero-filling the rest.
+static void load_rows(const float* src, int64_t stride, int n, int width, int padded, int rows, float* dst) {
+  for (int t = 0; t < rows; ++t) {
+    float* out = dst + t * padded;
+    if (t < n) {
+      std::memcpy(out, src + t * stride, sizeof(float) * width);
+      std::fill(out + width, out + padded, 0.0f);
+    } else {
+      std::fill(out, out + padded, 0.0f);
+    }
+  }
+}
+
+struct Problem {
+  MapSpec spec;
+  int64_t BH, heads, Nq, Nk;
+  int dv, DVp, F;
+  bool rope;
+  const float *cos, *sin;  // (N, d) RoPE tables, rows by token, when rope
+  const float* gamma;      // (heads,) norm scale per head
+  float eps_total;
+};
+
+static Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+                            const at::Tensor& sin, const at::Tensor& gamma, double lam, double tau,
+                            double angle_scale, bool key_raw, double eps_total) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be (B, heads, N, d)");
+  for (const at::Tensor* t : {&q, &k, &v}) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat && t->device().is_cpu(), "fused NaLa takes float32 CPU tensors");
+    TORCH_CHECK(t->stride(3) == 1, "fused NaLa needs a contiguous last dimension");
+  }
+  Problem p;
+  p.spec.d = (int)q.size(3);
+  p.spec.Dp = round8(p.spec.d);
+  p.spec.lam = (float)lam;
+  p.spec.tau = (float)tau;
+  p.spec.angle_scale = (float)angle_scale;
+  p.spec.key_raw = key_raw;
+  p.spec.lam_int = (lam == std::floor(lam) && lam >= 1 && lam <= 8) ? (int)lam : 0;
+  p.heads = q.size(1);
+  p.BH = q.size(0) * q.size(1);
+  p.Nq = q.size(2);
+  p.Nk = k.size(2);
+  p.dv = (int)v.size(3);
+  p.DVp = round8(p.dv);
+  p.F = 2 * p.spec.Dp;
+  p.rope = cos.defined() && cos.numel() > 0;
+  if (p.rope) {
+    TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat, "bad RoPE tables");
+    TORCH_CHECK(cos.size(-1) == p.spec.d && cos.size(0) >= std::max(p.Nq, p.Nk), "RoPE tables do not fit the tokens");
+  }
+  p.cos = p.rope ? cos.data_ptr<float>() : nullptr;
+  p.sin = p.rope ? sin.data_ptr<float>() : nullptr;
+  TORCH_CHECK(gamma.is_contiguous() && gamma.numel() == p.heads && gamma.scalar_type() == at::kFloat,
+              "norm scale must be one float32 per head");
+  p.gamma = gamma.data_ptr<float>();
+  p.eps_total = (float)eps_total;
+  return p;
+}
+
+// Map tokens [t0, t0 + n) of one (batch, head) into scratch.tile.phi (rows n..T zero) and scratch.rot (rotated, or
+// phi itself without RoPE). Returns the rotated features' pointer and the padded row count.
+static const float* map_and_rotate(const Kernels& K, const Problem& P, bool is_query, float gamma, const float* x,
+                                   int64_t stride, int64_t t0, int n, int rows, Scratch& s, bool keep) {
+  K.map_tile(P.spec, is_query, gamma, x, stride, n, s.tile, keep);
+  std::fill(s.tile.phi + (int64_t)n * P.F, s.tile.phi + (int64_t)rows * P.F, 0.0f);
+  if (!P.rope) return s.tile.phi;
+  K.rotate_tile(P.spec.d, P.spec.Dp, s.tile.phi, P.cos + t0 * P.spec.d, P.sin + t0 * P.spec.d, n, s.rot);
+  std::fill(s.rot + (int64_t)n * P.F, s.rot + (int64_t)rows * P.F, 0.0f);
+  return s.rot;
+}
+
+// Split each head's tiles into groups whose partial sums are reduced in a fixed order. The split depends on the
+// shape only (never on the thread count), so every process computes the same bits: about 64 work items in all.
+static int64_t group_count(int64_t BH, int64_t tiles) {
+  return std::max<int64_t>(1, std::min<int64_t>(tiles, 64 / std::max<int64_t>(BH, 1)));
+}
+
+std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& gamma, double lam,
+                                double tau, double angle_scale, bool key_raw, double eps_total) {
+  at::Tensor q = q_in.stride(3) == 1 ? q_in : q_in.contiguous();
+  at::Tensor k = k_in.stride(3) == 1 ? k_in : k_in.contiguous();
+  at::Tensor v = v_in.stride(3) == 1 ? v_in : v_in.contiguous();
+  const Problem P = make_problem(q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
+  const Kernels& K = kernels();
+  const int F = P.F, DVp = P.DVp, Dp = P.spec.Dp;
+  const Rows qr(q), kr(k), vr(v);
+
+  // Key pass: KV (F x DVp) and z (F) per (batch, head), from partial sums per group of tiles.
+  const int64_t k_tiles = (P.Nk + kTile - 1) / kTile;
+  const int64_t groups = group_count(P.BH, k_tiles);
+  const int64_t state = (int64_t)F * DVp + F;
+  at::Tensor partial = at::zeros({P.BH * groups, state}, q.options());
+  float* partial_p = partial.data_ptr<float>();
+  for_each_item(P.BH * groups, Dp, DVp, [&](int64_t item, Scratch& s) {
+    const int64_t bh = item / groups, g = item % groups;
+    float* kv = partial_p + item * state;
+    float* z = kv + (int64_t)F * DVp;
+    for (int64_t tile = g * k_tiles / groups; tile < (g + 1) * k_tiles / groups; ++tile) {
+      const int64_t t0 = tile * kTile;
+      const int n = (int)std::min<int64_t>(kTile, P.Nk - t0), rows = round4(n);
+      const float* rot = map_and_rotate(K, P, false, 1.0f, kr.at(bh, t0), kr.stride_n, t0, n, rows, s, false);
+      for (int t = 0; t < n; ++t) K.axpy(1.0f, s.tile.phi + t * F, z, F);
+      load_rows(vr.at(bh, t0), vr.stride_n, n, P.dv, DVp, rows, s.values);
+      K.gemm_tn_acc(rot, rows, F, s.values, DVp, kv);
+    }
+  });
+  at::Tensor kv_state = partial.view({P.BH, groups, state}).sum(1);  // groups summed in order
+
+  // Query pass: each tile of queries is independent.
+  at::Tensor out = at::empty({q.size(0), q.size(2), q.size(1), P.dv}, q.options()).permute({0, 2, 1, 3});
+  at::Tensor den = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  const Rows outr(out);
+  float* den_p = den.data_ptr<float>();
+  const float* state_p = kv_state.data_ptr<float>();
+  const int64_t q_tiles = (P.Nq + kTile - 1) / kTile;
+  for_each_item(P.BH * q_tiles, Dp, DVp, [&](int64_t item, Scratch& s) {
+    const int64_t bh = item / q_tiles, t0 = (item % q_tiles) * kTile;
+    const int n = (int)std::min<int64_t>(kTile, P.Nq - t0), rows = round4(n);
+    const float* kv = state_p + bh * state;
+    const float* z = kv + (int64_t)F * DVp;
+    const float gamma_h = P.gamma[bh % P.heads];
+    const float* rot = map_and_rotate(K, P, true, gamma_h, qr.at(bh, t0), qr.stride_n, t0, n, rows, s, false);
+    K.gemm_nn(rot, rows, F, kv, DVp, s.outs);
+    for (int t = 0; t < n; ++t) {
+      const float denominator = std::max(K.dot(s.tile.phi + t * F, z, F) + P.eps_total, kTiny);
+      den_p[bh * P.Nq + t0 + t] = denominator;
+      float* o = outr.mut(bh, t0 + t);
+      const float inv = 1.0f / denominator;
+      for (int j = 0; j < P.dv; ++j) o[j] = s.outs[t * DVp + j] * inv;
+    }
+  });
+  return {out, den, kv_state};
+}
+
+// Gradients of forward's output. `state` is forward's KV/z; `den` its clamped denominators.
+std::vector<at::Tensor> backward(const at::Tensor& grad_in, const at::Tensor& q_in, const at::Tensor& k_in,
+                                 const at::Tensor& v_in, const at::Tensor& cos, const at::Tensor& sin,
+                                 const at::Tensor& gamma, const at::Tensor& out_in, const at::Tensor& den,
+                                 const at::Tensor& state_in, double lam, double tau, double angle_scale, bool key_raw,
+                                 double eps_total) {
+  at::Tensor q = q_in.stride(3) == 1 ? q_in : q_in.contiguous();
+  at::Tensor k = k_in.stride(3) == 1 ? k_in : k_in.contiguous();
+  at::Tensor v = v_in.stride(3) == 1 ? v_in : v_in.contiguous();
+  at::Tensor grad = grad_in.stride(3) == 1 ? grad_in : grad_in.contiguous();
+  at::Tensor out = out_in.stride(3) == 1 ? out_in : out_in.contiguous();
+  at::Tensor state = state_in.contiguous();
+  const Problem P = make_problem(q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
+  const Kernels& K = kernels();
+  const int F = P.F, DVp = P.DVp, Dp = P.spec.Dp, d = P.spec.d;
+  const Rows qr(q), kr(k), vr(v), gr(grad), outr(out);
+  const int64_t state_size = (int64_t)F * DVp + F;
+  const float* state_p = state.data_ptr<float>();
+  const float* den_p = den.data_ptr<float>();
+
+  // KV^T per (batch, head), for d(phi_q) = KV g / den.
+  at::Tensor kv_t = state.narrow(1, 0, (int64_t)F * DVp).view({P.BH, F, DVp}).transpose(1, 2).contiguous();
+  const float* kv_t_p = kv_t.data_ptr<float>();
+
+  at::Tensor gq = at::empty_like(q, at::MemoryFormat::Contiguous);
+  at::Tensor gk = at::empty_like(k, at::MemoryFormat::Contiguous);
+  at::Tensor gv = at::empty_like(v, at::MemoryFormat::Contiguous);
+  const Rows gqr(gq), gkr(gk), gvr(gv);
+
+  // Query pass: dq, and dKV (F x DVp), dz (F), d(gamma) per (batch, head) from partial sums per group of tiles.
+  const int64_t q_tiles = (P.Nq + kTile - 1) / kTile;
+  const int64_t groups = group_count(P.BH, q_tiles);
+  const int64_t partial_size = state_size + 1;
+  at::Tensor partial = at::zeros({P.BH * groups, partial_size}, q.options());
+  float* partial_p = partial.data_ptr<float>();
+  for_each_item(P.BH * groups, Dp, DVp, [&](int64_t item, Scratch& s) {
+    const int64_t bh = item / groups, g = item % groups;
+    const float* kv = state_p + bh * state_size;
+    const float* z = kv + (int64_t)F * DVp;
+    float* gkv = partial_p + item * partial_size;
+    float* gz = gkv + (int64_t)F * DVp;
+    float* ggamma = gz + F;
+    const float gamma_h = P.gamma[bh % P.heads];
+    for (int64_t tile = g * q_tiles / groups; tile < (g + 1) * q_tiles / groups; ++tile) {
+      const int64_t t0 = tile * kTile;
+      const int n = (int)std::min<int64_t>(kTile, P.Nq - t0), rows = round4(n);
+      const float* rot = map_and_rotate(K, P, true, gamma_h, qr.at(bh, t0), qr.stride_n, t0, n, rows, s, true);
+      load_rows(gr.at(bh, t0), gr.stride_n, n, P.dv, DVp, rows, s.grads);
+      load_rows(outr.at(bh, t0), outr.stride_n, n, P.dv, DVp, rows, s.outs);
+      for (int t = 0; t < n; ++t) {
+        const float denominator = den_p[bh * P.Nq + t0 + t];
+        float* gt = s.grads + t * DVp;
+        const float* ot = s.outs + t * DVp;
+        const float go = K.dot(gt, ot, DVp);
+        const float inv = 1.0f / denominator;
+        // A clamped denominator (a query that matches no key) passes no gradient to it.
+        s.den[t] = denominator > kTiny ? -go * inv : 0.0f;
+        for (int j = 0; j < DVp; ++j) gt[j] *= inv;  // d numerator
+      }
+      K.gemm_tn_acc(rot, rows, F, s.grads, DVp, gkv);
+      for (int t = 0; t < n; ++t) K.axpy(s.den[t], s.tile.phi + t * F, gz, F);
+      K.gemm_nn(s.grads, rows, DVp, kv_t_p + bh * (int64_t)DVp * F, F, s.grad_rot);
+      if (P.rope) {
+        K.unrotate_tile(d, Dp, s.grad_rot, P.cos + t0 * d, P.sin + t0 * d, n, s.grad_phi);
+      } else {
+        std::memcpy(s.grad_phi, s.grad_rot, sizeof(float) * n * F);
+      }
+      for (int t = 0; t < n; ++t) K.axpy(s.den[t], z, s.grad_phi + t * F, F);
+      *ggamma += K.map_tile_backward(P.spec, true, gamma_h, s.tile, s.grad_phi, n, gqr.mut(bh, t0), gqr.stride_n,
+                                     s.gu);
+    }
+  });
+  at::Tensor reduced = partial.view({P.BH, groups, partial_size}).sum(1);
+  const float* reduced_p = reduced.data_ptr<float>();
+  at::Tensor gkv_t = reduced.narrow(1, 0, (int64_t)F * DVp).view({P.BH, F, DVp}).transpose(1, 2).contiguous();
+  const float* gkv_t_p = gkv_t.data_ptr<float>();
+
+  // Key pass: dk and dv, tile by tile.
+  const int64_t k_tiles = (P.Nk + kTile - 1) / kTile;
+  for_each_item(P.BH * k_tiles, Dp, DVp, [&](int64_t item, Scratch& s) {
+    const int64_t bh = item / k_tiles, t0 = (item % k_tiles) * kTile;
+    const int n = (int)std::min<int64_t>(kTile, P.Nk - t0), rows = round4(n);
+    const float* gkv = reduced_p + bh * (state_size + 1);
+    const float* gz = gkv + (int64_t)F * DVp;
+    const float* rot = map_and_rotate(K, P, false, 1.0f, kr.at(bh, t0), kr.stride_n, t0, n, rows, s, true);
+    load_rows(vr.at(bh, t0), vr.stride_n, n, P.dv, DVp, rows, s.values);
+    K.gemm_nn(s.values, rows, DVp, gkv_t_p + bh * (int64_t)DVp * F, F, s.grad_rot);
+    if (P.rope) {
+      K.unrotate_tile(d, Dp, s.grad_rot, P.cos + t0 * d, P.sin + t0 * d, n, s.grad_phi);
+    } else {
+      std::memcpy(s.grad_phi, s.grad_rot, sizeof(float) * n * F);
+    }
+    for (int t = 0; t < n; ++t) K.axpy(1.0f, gz, s.grad_phi + t * F, F);
+    K.map_tile_backward(P.spec, false, 1.0f, s.tile, s.grad_phi, n, gkr.mut(bh, t0), gkr.stride_n, s.gu);
+    K.gemm_nn(rot, rows, F, gkv, DVp, s.outs);
+    for (int t = 0; t < n; ++t) std::memcpy(gvr.mut(bh, t0 + t), s.outs + t * DVp, sizeof(float) * P.dv);
+  });
+  at::Tensor ggamma = reduced.select(1, state_size).contiguous();
+  return {gq, gk, gv, ggamma};
+}
+
+std::string isa() { return kernels().name; }
+
+}  // namespace nala_fused
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "Fused NaLa linear attention (CPU): forward and backward in cache-sized tiles";
+  m.def("forward", &nala_fused::forward, "out, den, state = forward(q, k, v, cos, sin, gamma, lam, tau, angle_scale, "
+                                         "key_raw, eps_total)");
+  m.def("backward", &nala_fused::backward, "gq, gk, gv, ggamma = backward(grad, q, k, v, cos, sin, gamma, out, den, "
+                                           "state, lam, tau, angle_scale, key_raw, eps_total)");
+  m.def("isa", &nala_fused::isa, "the instruction set the kernels were dispatched to");
+}

@@ -1,0 +1,132 @@
+"""The fused CPU path of ``linear_attention(kernel="nala")``: a C++ op built with the package, and its autograd.
+
+The eager map is a dozen elementwise passes over (N, 2d) buffers; the op (``csrc/nala_fused.cpp``) maps, rotates
+(RoPE) and multiplies tiles of 64 tokens while they sit in cache, forward and backward, with the same math: exp/log
+for the norm-aware power, ``tanh`` from one exp, cos/sin of the angle (always within pi/4) by short polynomials,
+and the keys' integer power by products. Results match the eager path to float rounding (tests pin 1e-5).
+
+It is used whenever it can be: CPU tensors, float32 math (half/bf16 are upcast as on the eager path), the ``nala``
+kernel, a norm scale that is a number or one value per head, and not while tracing or compiling (``torch.export``,
+ONNX, ``torch.compile`` see the PyTorch ops). ``NALA_GEN_FUSED=0`` turns it off. Without the built op (a pure-Python
+install, or a torch whose ABI differs from the one it was built against) the eager path runs and
+:func:`unavailable_reason` says why.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+from torch.autograd.function import once_differentiable
+
+try:
+    from nala_gen.attention import _nala_fused as _op
+except ImportError as error:  # not built, or built against another torch
+    _op = None
+    _WHY_NOT = f"the fused NaLa op is not importable ({error}); reinstall with `pip install --no-build-isolation .`"
+else:
+    _WHY_NOT = None
+
+Tensor = torch.Tensor
+OPTIONS = frozenset({"lam", "tau", "angle_scale", "key_map", "norm_scale"})
+MAX_HEAD_DIM = 512
+
+
+def available() -> bool:
+    """The op is built and importable (it may still be switched off by ``NALA_GEN_FUSED=0``)."""
+    return _op is not None
+
+
+def unavailable_reason() -> str | None:
+    return _WHY_NOT
+
+
+def instruction_set() -> str | None:
+    """Which compiled variant runs on this CPU (``avx2`` or ``baseline``); None without the op."""
+    return None if _op is None else _op.isa()
+
+
+def enabled() -> bool:
+    return _op is not None and os.environ.get("NALA_GEN_FUSED", "1").lower() not in ("0", "false", "no")
+
+
+def _tracing() -> bool:
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+
+
+def eligible(q: Tensor, k: Tensor, v: Tensor, options: dict) -> bool:
+    """Whether ``linear_attention(q, k, v, kernel="nala", **options)`` can take the fused op."""
+    if not enabled() or _tracing() or not OPTIONS.issuperset(options):
+        return False
+    tensors = (q, k, v)
+    if any(t.device.type != "cpu" or t.dtype not in (torch.float32, torch.float16, torch.bfloat16) for t in tensors):
+        return False
+    if q.shape[:2] != k.shape[:2] or q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] > MAX_HEAD_DIM:
+        return False
+    scale = options.get("norm_scale")
+    if isinstance(scale, Tensor) and (scale.device.type != "cpu" or scale.numel() not in (1, q.shape[1])):
+        return False
+    return not any(type(t) is not Tensor and not isinstance(t, torch.nn.Parameter) for t in tensors)
+
+
+class _FusedNaLa(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total):
+        out, den, state = _op.forward(q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total)
+        ctx.save_for_backward(q, k, v, cos, sin, gamma, out, den, state)
+        ctx.options = (lam, tau, angle_scale, key_raw, eps_total)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        q, k, v, cos, sin, gamma, out, den, state = ctx.saved_tensors
+        gq, gk, gv, g_gamma = _op.backward(grad, q, k, v, cos, sin, gamma, out, den, state, *ctx.options)
+        g_gamma = g_gamma.view(q.shape[0], q.shape[1]).sum(0) if ctx.needs_input_grad[5] else None
+        need = ctx.needs_input_grad
+        return (gq if need[0] else None, gk if need[1] else None, gv if need[2] else None, None, None, g_gamma) + (
+            None,
+        ) * 5
+
+
+def _per_head(norm_scale: float | Tensor, heads: int) -> Tensor:
+    """gamma as one float32 per head (differentiable when it is a tensor)."""
+    if isinstance(norm_scale, Tensor):
+        flat = norm_scale.float().reshape(-1)
+        return (flat.expand(heads) if flat.numel() == 1 else flat).contiguous()
+    if not math.isfinite(norm_scale) or norm_scale <= 0:
+        raise ValueError(f"norm_scale must be a positive number, got {norm_scale!r}")
+    return torch.full((heads,), float(norm_scale))
+
+
+def nala_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rope: tuple[Tensor, Tensor] | None,
+    eps_total: float = 0.0,
+    lam: float = 3.0,
+    tau: float = 0.5,
+    angle_scale: float | str = 1.0,
+    key_map: str | None = None,
+    norm_scale: float | Tensor = 1.0,
+) -> Tensor:
+    """The fused op on keys already made safe (:func:`~nala_gen.attention.kernels.safe_keys`); see the module.
+
+    q, k: (B, heads, N, d); v: (B, heads, N_k, dv); rope: (cos, sin) tables (N, d) for the 2d features, or None.
+    Returns (B, heads, N_q, dv) in v's dtype (a view whose memory is laid out (B, N_q, heads, dv)).
+    """
+    from .kernels import KEY_MAPS, NALA_KEY_MAP, _angle_scale, upcast
+
+    key_map = NALA_KEY_MAP if key_map is None else key_map
+    if key_map not in KEY_MAPS:
+        raise ValueError(f"key_map must be one of {', '.join(KEY_MAPS)}, got {key_map!r}")
+    scale = _angle_scale(angle_scale, q.shape[-1])
+    gamma = _per_head(norm_scale, q.shape[1])
+    empty = torch.empty(0)
+    cos, sin = (empty, empty) if rope is None else (rope[0].float().contiguous(), rope[1].float().contiguous())
+    out = _FusedNaLa.apply(
+        upcast(q), upcast(k), upcast(v), cos, sin, gamma, float(lam), float(tau), scale, key_map == "raw", eps_total
+    )
+    return out if out.dtype == v.dtype else out.to(v.dtype)

@@ -1,0 +1,55 @@
+"""Build the fused NaLa CPU op (nala_gen.attention._nala_fused) with the package; metadata lives in setup.cfg.
+
+The op is optional: without PyTorch at build time (an isolated build) or without a working C++ compiler the
+package installs as pure Python and ``linear_attention`` uses its PyTorch path (``nala_gen.attention.fused`` says
+why). Build against the torch you run: ``pip install --no-build-isolation -e .`` (the Makefile does).
+"""
+
+import sys
+
+from setuptools import setup
+
+ext_modules, cmdclass = [], {}
+try:
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+except ImportError:
+    print("nala_gen: PyTorch not importable at build time; the fused NaLa op is not built", file=sys.stderr)
+else:
+
+    class OptionalBuildExtension(BuildExtension):
+        """A failed compile leaves the package usable (PyTorch fallback) instead of failing the install."""
+
+        failed: set[str] = set()
+
+        def build_extension(self, ext):
+            try:
+                super().build_extension(ext)
+            except Exception as error:  # noqa: BLE001 - any compiler failure means: install without the op
+                self.failed.add(ext.name)
+                print(f"nala_gen: the fused NaLa op was not built ({error}); using the PyTorch path", file=sys.stderr)
+
+        def copy_extensions_to_source(self):
+            built = [ext for ext in self.extensions if ext.name not in self.failed]
+            self.extensions, everything = built, self.extensions
+            try:
+                super().copy_extensions_to_source()
+            finally:
+                self.extensions = everything
+
+        def get_outputs(self):
+            return [path for ext, path in zip(self.extensions, super().get_outputs()) if ext.name not in self.failed]
+
+    ext_modules = [
+        CppExtension(
+            "nala_gen.attention._nala_fused",
+            ["nala_gen/attention/csrc/nala_fused.cpp"],
+            depends=["nala_gen/attention/csrc/nala_tiles.inc"],
+            # -O3 for the vector loops; no errno/trap bookkeeping in math; OpenMP for ATen's parallel_for (the
+            # process shares torch's libgomp: same soname).
+            extra_compile_args=["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wno-psabi"],
+            extra_link_args=["-fopenmp"],
+        )
+    ]
+    cmdclass = {"build_ext": OptionalBuildExtension}
+
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

@@ -1,0 +1,161 @@
+"""The fused C++ NaLa op against the PyTorch path: forward and gradients for every shape class, odd inputs, dtypes.
+
+The eager path (``NALA_GEN_FUSED=0``) is itself pinned to the explicit O(N^2) reference by test_attention, so
+agreement here to 1e-5 carries the fused op to the paper's formula.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nala_gen.attention import NaLaAttention, fused, linear_attention, reference_attention
+from nala_gen.attention.rope import rope_2d
+
+
+def test_the_fused_op_is_built_in_this_checkout():
+    # `make install` builds it; if this fails, every other test here would only compare the eager path with itself.
+    assert fused.available(), fused.unavailable_reason()
+    assert fused.instruction_set() in ("avx2", "baseline")
+
+
+def _both_paths(monkeypatch, fn):
+    """fn() with the fused op on, then with it off (same inputs): the two results."""
+    monkeypatch.setenv("NALA_GEN_FUSED", "1")
+    first = fn()
+    monkeypatch.setenv("NALA_GEN_FUSED", "0")
+    second = fn()
+    monkeypatch.setenv("NALA_GEN_FUSED", "1")
+    return first, second
+
+
+def _grid(n: int) -> tuple[int, int]:
+    h = max(1, int(n**0.5))
+    while n % h:
+        h -= 1
+    return h, n // h
+
+
+CASES = {
+    "odd-N-rope": dict(b=2, h=3, n=77, d=32, dv=24, rope=True),
+    "N-below-one-tile": dict(b=1, h=2, n=3, d=16, dv=16, rope=True),
+    "several-tiles": dict(b=1, h=4, n=300, d=32, dv=32, rope=False),
+    "d-not-multiple-of-8": dict(b=2, h=2, n=50, d=20, dv=7, rope=True),
+    "dv-wider-than-d": dict(b=1, h=2, n=65, d=8, dv=72, rope=False),
+    "direction-keys": dict(b=1, h=2, n=40, d=32, dv=32, rope=True, options={"key_map": "direction"}),
+    "non-integer-power": dict(b=1, h=2, n=40, d=16, dv=16, rope=False, options={"lam": 2.5, "tau": 0.3}),
+    "sqrt-d-angles": dict(b=1, h=2, n=40, d=32, dv=16, rope=True, options={"angle_scale": "sqrt_d"}),
+    "fixed-norm-scale": dict(b=1, h=2, n=40, d=32, dv=16, rope=True, options={"norm_scale": 4.0}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_fused_equals_the_pytorch_path_forward_and_gradients(monkeypatch, case):
+    c = CASES[case]
+    torch.manual_seed(0)
+    q = (torch.randn(c["b"], c["h"], c["n"], c["d"]) * 2).requires_grad_()
+    k = (torch.randn(c["b"], c["h"], c["n"], c["d"]) * 2).requires_grad_()
+    v = torch.randn(c["b"], c["h"], c["n"], c["dv"]).requires_grad_()
+    rope = rope_2d(*_grid(c["n"]), 2 * c["d"]) if c["rope"] else None
+    grad = torch.randn(c["b"], c["h"], c["n"], c["dv"])
+
+    def run():
+        out = linear_attention(q, k, v, rope=rope, **c.get("options", {}))
+        return (out.detach(), *torch.autograd.grad(out, (q, k, v), grad))
+
+    fused_results, eager_results = _both_paths(monkeypatch, run)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), fused_results, eager_results):
+        scale = b.abs().max().clamp_min(1e-6)
+        assert torch.isfinite(a).all(), name
+        assert ((a - b).abs().max() / scale) < 1e-5, (name, ((a - b).abs().max() / scale).item())
+
+
+def test_a_per_head_norm_scale_gets_the_same_gradient(monkeypatch):
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 70, 32, requires_grad=True) for _ in range(3))
+    gamma = torch.tensor([1.5, 3.0, 6.0]).view(3, 1, 1).requires_grad_()
+
+    def run():
+        out = linear_attention(q, k, v, norm_scale=gamma)
+        return torch.autograd.grad(out.square().sum(), (q, gamma))
+
+    (dq_f, dg_f), (dq_e, dg_e) = _both_paths(monkeypatch, run)
+    assert dg_f.shape == gamma.shape and torch.allclose(dg_f, dg_e, rtol=1e-5, atol=1e-6), (dg_f, dg_e)
+    assert torch.allclose(dq_f, dq_e, rtol=1e-5, atol=1e-6)
+
+
+def test_strided_projections_as_the_module_passes_them(monkeypatch):
+    """NaLaAttention hands q, k, v as strided views of one projection; the op reads them in place."""
+    torch.manual_seed(2)
+    block = NaLaAttention(64, 4, norm_scale="learned").train()
+    x = torch.randn(2, 48, 64, requires_grad=True)
+
+    def run():
+        out = block(x, (6, 8))
+        grads = torch.autograd.grad(out.square().sum(), (x, block.log_norm_scale, block.qkvg.weight))
+        return (out.detach(), *grads)
+
+    block(x, (6, 8))  # the first training batch starts the learned scale; both paths then see the same gamma
+    for a, b in zip(*_both_paths(monkeypatch, run)):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
+
+
+@pytest.mark.parametrize("where", ["queries", "keys"])
+@pytest.mark.parametrize("magnitude", [0.0, 1e-30, 1e30])
+def test_zero_tiny_and_huge_vectors(monkeypatch, where, magnitude):
+    torch.manual_seed(3)
+    q, k, v = torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 8)
+    target = q if where == "queries" else k
+    target[:, :, ::3] = target[:, :, ::3].sign() * magnitude if magnitude else 0.0
+    q.requires_grad_()
+    k.requires_grad_()
+
+    def run():
+        out = linear_attention(q, k, v)
+        return (out.detach(), *torch.autograd.grad(out.sum(), (q, k)))
+
+    (out_f, dq_f, dk_f), (out_e, _, _) = _both_paths(monkeypatch, run)
+    assert torch.isfinite(out_f).all() and torch.isfinite(dq_f).all() and torch.isfinite(dk_f).all()
+    assert torch.allclose(out_f, out_e, rtol=1e-5, atol=1e-6), (out_f - out_e).abs().max()
+    # Each row of weights is a distribution, so outputs stay within the values' range.
+    assert out_f.abs().max() <= v.abs().max() + 1e-5
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_compute_in_float32_and_return_their_dtype(monkeypatch, dtype):
+    torch.manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 40, 32).to(dtype) for _ in range(3))
+    out_f, out_e = _both_paths(monkeypatch, lambda: linear_attention(q, k, v))
+    assert out_f.dtype == dtype
+    assert torch.allclose(out_f.float(), out_e.float(), atol=1e-2)
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 3000, 32) for _ in range(3))  # few heads, many tiles: work split within heads
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = linear_attention(q, k, v)
+        torch.set_num_threads(max(2, threads))
+        many = linear_attention(q, k, v)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, many)
+
+
+def test_without_the_op_the_pytorch_path_answers(monkeypatch):
+    torch.manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 50, 16) for _ in range(3))
+    monkeypatch.setattr(fused, "_op", None)
+    assert not fused.enabled()
+    assert torch.allclose(linear_attention(q, k, v), reference_attention(q, k, v), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_tracing_sees_pytorch_ops_not_the_op():
+    """torch.jit.trace / ONNX export / torch.compile must see the PyTorch path (the C++ op is opaque to them)."""
+    q, k, v = (torch.randn(1, 2, 20, 16) for _ in range(3))
+    traced = torch.jit.trace(lambda q, k, v: linear_attention(q, k, v), (q, k, v), check_trace=False)
+    assert "nala_fused" not in str(traced.graph) and "aten::matmul" in str(traced.graph)
+    assert torch.allclose(traced(q, k, v), linear_attention(q, k, v), rtol=1e-5, atol=1e-6)
