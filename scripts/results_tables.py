@@ -39,9 +39,24 @@ def attention_table() -> str:
             else:
                 cells.append(r["status"])
         lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
+    backward = [m for m in methods if any("backward_s" in r for r in rows if r["method"] == m)]
+    if backward:
+        lines += [
+            "",
+            "Backward alone (`out.backward(grad)`, inputs requiring grad; median of the same number of runs):",
+            "",
+            "| tokens | " + " | ".join(f"{m} backward" for m in backward) + " |",
+            "|---|" + "---|" * len(backward),
+        ]
+        for n in sizes:
+            cells = []
+            for m in backward:
+                r = next(r for r in rows if r["tokens"] == n and r["method"] == m)
+                cells.append(f"{r['backward_s'] * 1e3:,.1f} ms" if "backward_s" in r else r["status"])
+            lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
     big = max(sizes)
     by = {r["method"]: r for r in rows if r["tokens"] == big and r["status"] == "ok"}
-    for method in ("nala", "nala_compiled"):
+    for method in ("nala", "nala_eager", "nala_compiled"):
         if {method, "relu", "softmax_sdpa"} <= by.keys():
             nala = by[method]
             first = f" (first call, compiling: {nala['first_call_s']:.0f} s)" if "first_call_s" in nala else ""
@@ -53,6 +68,102 @@ def attention_table() -> str:
                 f"{nala['latency_s'] / nala['io_floor_s']:.0f}x the floor of reading q, k, v and writing the output "
                 f"at copy bandwidth ({nala['io_floor_s'] * 1e3:.1f} ms).",
             ]
+    return "\n".join(lines)
+
+
+def fused_targets_table() -> str:
+    """Issue 16's targets for the default (fused) NaLa path, each with the figure measured for it."""
+    data = json.loads((RESULTS / "attention_scaling.json").read_text())
+    ok = [r for r in data["rows"] if r["status"] == "ok"]
+    big = max(r["tokens"] for r in ok)
+    at = {r["method"]: r for r in ok if r["tokens"] == big}
+    nala, relu = at["nala"], at["relu"]
+    out_bytes = big * nala["heads"] * nala["head_dim"] * 4
+    sdpa = {r["tokens"]: r["latency_s"] for r in ok if r["method"] == "softmax_sdpa"}
+    fused = {r["tokens"]: r["latency_s"] for r in ok if r["method"] == "nala"}
+    common = sorted(set(sdpa) & set(fused))
+    lines = [
+        f"At {big:,} tokens (4 heads, head dim {nala['head_dim']}, fp32, batch 1), `nala` = the fused op "
+        f"({data['machine'].get('fused_op')} kernels), `nala_eager` = the PyTorch path it replaced:",
+        "",
+        "| target | measured |",
+        "|---|---|",
+        row(
+            "forward ≤ 50 ms",
+            f"{nala['latency_s'] * 1e3:.1f} ms (PyTorch path {at['nala_eager']['latency_s'] * 1e3:.1f} ms)"
+            if "nala_eager" in at
+            else f"{nala['latency_s'] * 1e3:.1f} ms",
+        ),
+        row(
+            "forward ≤ 1.3× plain ReLU linear attention, same run",
+            f"{nala['latency_s'] / relu['latency_s']:.2f}× (ReLU {relu['latency_s'] * 1e3:.1f} ms)",
+        ),
+        row(
+            "no warm-up compile in the user's process",
+            f"first (cold) call {nala['cold_s'] * 1e3:.1f} ms; nothing compiles",
+        ),
+    ]
+    if "backward_s" in nala:
+        lines.append(
+            row(
+                "backward ≤ 3× its forward",
+                f"{nala['backward_s'] / nala['latency_s']:.2f}× "
+                f"({nala['backward_s'] * 1e3:.1f} ms; ReLU's {relu.get('backward_s', float('nan')) * 1e3:.1f} ms)",
+            )
+        )
+    lines.append(
+        row(
+            "peak extra memory ≤ 1.5× the output tensor",
+            f"{nala['peak_extra_bytes'] / out_bytes:.2f}× ({nala['peak_extra_bytes'] / 2**20:.0f} MiB, output "
+            f"{out_bytes / 2**20:.0f} MiB, the output included)",
+        )
+    )
+    if common:
+        worst = min(common, key=lambda n: sdpa[n] / fused[n])
+        lines.append(
+            row(
+                "faster than SDPA from 1,024 tokens up",
+                f"{min(sdpa[n] / fused[n] for n in common):.1f}× at the closest point ({worst:,} tokens)",
+            )
+        )
+    contention = RESULTS / "attention_contention.json"
+    if contention.is_file():
+        ratios = json.loads(contention.read_text())["contention"]
+        for entry in ratios:
+            if entry["method"] == "nala" and entry["tokens"] == big:
+                others = ", ".join(
+                    f"{e['method']} {e['busy_over_idle']:.2f}×"
+                    for e in ratios
+                    if e["tokens"] == big and e["method"] != "nala"
+                )
+                lines.append(
+                    row(
+                        "with a second process busy on one core, median ≤ 2× idle",
+                        f"{entry['busy_over_idle']:.2f}× ({others})",
+                    )
+                )
+    return "\n".join(lines)
+
+
+def step_timing_table() -> str:
+    data = json.loads((RESULTS / "step_timing.json").read_text())
+    rows = {(r["step"], r["path"]): r for r in data["rows"] if r["status"] == "ok"}
+    lines = [
+        f"Median of {data['repeats']} runs after a warm-up, fresh process each; fused = the default, eager = "
+        "`NALA_GEN_FUSED=0`.",
+        "",
+        "| step | fused | eager (before) | eager / fused |",
+        "|---|---|---|---|",
+    ]
+    for step, ratio in data["eager_over_fused"].items():
+        lines.append(
+            row(
+                f"`{step}`",
+                f"{rows[(step, 'fused')]['latency_s']:.3f} s",
+                f"{rows[(step, 'eager')]['latency_s']:.3f} s",
+                f"{ratio:.2f}×",
+            )
+        )
     return "\n".join(lines)
 
 
@@ -220,6 +331,8 @@ def digits_quality_table() -> str:
 
 TABLES = {
     "attention": attention_table,
+    "fused targets": fused_targets_table,
+    "step timing": step_timing_table,
     "sr cost": sr_cost_table,
     "sr quality": sr_quality_table,
     "upscale throughput": upscale_table,

@@ -115,7 +115,7 @@ def nala_attention(
     """The fused op on keys already made safe (:func:`~nala_gen.attention.kernels.safe_keys`); see the module.
 
     q, k: (B, heads, N, d); v: (B, heads, N_k, dv); rope: (cos, sin) tables (N, d) for the 2d features, or None.
-    Returns (B, heads, N_q, dv) in v's dtype (a view whose memory is laid out (B, N_q, heads, dv)).
+    Returns (B, heads, N_q, dv) in v's dtype.
     """
     from .kernels import KEY_MAPS, NALA_KEY_MAP, _angle_scale, upcast
 

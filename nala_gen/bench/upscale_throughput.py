@@ -6,12 +6,14 @@ it reports the median latency (the readout ``nala-sr upscale --json`` prints), t
 largest peak memory of the timed calls. ``--tile auto`` uses a fixed ``--memory-budget-mb`` (not the free
 memory of the moment) so the tiling, and with it the figure, is the same on every run.
 
-With ``--engines torch onnxruntime`` each NaLaSR point also runs through onnxruntime: the network exported
-once (``nala-sr export-onnx``, not timed) and driven by the same engine (tiles, blending), so the two runtimes are
-compared side by side on the same job. ESRT does not export to ONNX (see :mod:`nala_gen.sr.onnx_export`).
+``--engines torch_eager`` runs NaLaSR with the fused NaLa op switched off (``NALA_GEN_FUSED=0``): the
+before/after of that op on the whole job. With ``--engines torch onnxruntime`` each NaLaSR point also runs through
+onnxruntime: the network exported once (``nala-sr export-onnx``, not timed) and driven by the same engine (tiles,
+blending), so the two runtimes are compared side by side on the same job. ESRT does not export to ONNX (see
+:mod:`nala_gen.sr.onnx_export`).
 
     nala-bench upscale [--models nalasr-light-x4 esrt-x4] [--sides 125 250 500] [--tiles auto 128]
-                       [--engines torch onnxruntime]
+                       [--engines torch torch_eager onnxruntime]
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from nala_gen.bench.common import limit_memory, machine_info, run_worker, write_
 MODELS = ("nalasr-light-x4", "esrt-x4")
 SIDES = (125, 250, 500)  # LR sides: 0.25, 1 and 4 megapixels out at x4
 TILES = ("auto", "128")
+ENGINES = ("torch", "torch_eager", "onnxruntime")
 
 
 def sample_input(side: int):
@@ -95,7 +98,8 @@ def point(args, model: str, engine: str, onnx: str | None, tile: str, side: int,
     worker_args = ["--worker", model, str(side), tile, "--repeats", str(args.repeats)]
     worker_args += ["--memory-budget-mb", str(args.memory_budget_mb), "--device", args.device]
     worker_args += ["--mem-limit-gb", str(args.mem_limit_gb)] + (["--onnx", onnx] if onnx else [])
-    result = run_worker("nala_gen.bench.upscale_throughput", worker_args, timeout=args.timeout)
+    env = {"NALA_GEN_FUSED": "0" if engine == "torch_eager" else "1"}
+    result = run_worker("nala_gen.bench.upscale_throughput", worker_args, env, timeout=args.timeout)
     series = f"{model}, tile {tile}" + (f", {engine}" if engine != "torch" else "")
     row = {"model": model, "engine": engine, "tile": tile, "series": series, "lr_side": side}
     row.update({"tokens": side * side, "limit_bytes": limit, **result})
@@ -125,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         "--engines",
         nargs="+",
         default=["torch", "onnxruntime"],
-        choices=["torch", "onnxruntime"],
-        help="runtimes of the network",
+        choices=ENGINES,
+        help="runtimes of the network (torch_eager: torch with the fused NaLa op off, i.e. before it)",
     )
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SIDE", "TILE"), help=argparse.SUPPRESS)
     parser.add_argument("--onnx", help=argparse.SUPPRESS)
@@ -147,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         for model, engine, onnx in runs:
             if engine == "onnxruntime" and onnx is None:
                 continue  # not exportable (ESRT)
+            if engine == "torch_eager" and not model.startswith("nalasr"):
+                continue  # no NaLa inside: nothing to compare
             for tile in args.tiles:
                 for side in args.sides:
                     rows.append(point(args, model, engine, onnx, tile, side, limit))

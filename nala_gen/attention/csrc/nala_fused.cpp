@@ -249,7 +249,7 @@ std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, 
   at::Tensor kv_state = partial.view({P.BH, groups, state}).sum(1);  // groups summed in order
 
   // Query pass: each tile of queries is independent.
-  at::Tensor out = at::empty({q.size(0), q.size(2), q.size(1), P.dv}, q.options()).permute({0, 2, 1, 3});
+  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), P.dv}, q.options());
   at::Tensor den = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   const Rows outr(out);
   float* den_p = den.data_ptr<float>();
