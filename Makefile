@@ -45,10 +45,12 @@ lint: $(STAMP)
 # trained-entropy and digits-quality steps read the shipped weights (make weights-sr / weights-diffusion).
 DIGITS_MODELS := naladit-digits nalasit-digits naladit-digits-softmax
 bench: $(STAMP)
-	$(BIN)/nala-bench attention
+	$(BIN)/nala-bench attention --backward --repeats 9
+	$(BIN)/nala-bench attention --contention --sizes 16384 71680 --methods nala nala_eager relu --repeats 9
+	$(BIN)/nala-bench steps
 	$(BIN)/nala-bench entropy
 	$(BIN)/nala-bench sr
-	$(BIN)/nala-bench upscale
+	$(BIN)/nala-bench upscale --engines torch torch_eager onnxruntime
 	$(BIN)/nala-bench upscale-memory
 	$(BIN)/nala-bench trained-entropy
 	test -d datasets/mini || $(BIN)/nala-sr prepare mini

@@ -116,7 +116,8 @@ def linear_attention(
             measures how far on random inputs).
         chunk_size: tokens processed at a time.
         compile: fuse the feature map with ``torch.compile`` (see :func:`~nala_gen.attention.kernels.
-            compiled_feature_map`); None follows the environment variable ``NALA_GEN_COMPILE=1``.
+            compiled_feature_map`); None follows the environment variable ``NALA_GEN_COMPILE=1``. Where the fused
+            C++ op applies (``nala`` on a CPU, see :mod:`~nala_gen.attention.fused`) that op runs instead.
         **kernel_options: forwarded to the feature map (e.g. ``lam``, ``tau`` for ``nala``).
 
     Returns:
@@ -132,7 +133,8 @@ def linear_attention(
     spec = kernel_spec(kernel)
     k = safe_keys(kernel, k, **kernel_options)
     eps_total = spec.denominator_eps * k.shape[-2]
-    if kernel == "nala" and not compile and fused.eligible(q, k, v, kernel_options):
+    # The fused op beats the compiled map on a CPU too, so it runs whenever it can; compile= only shapes the rest.
+    if kernel == "nala" and fused.eligible(q, k, v, kernel_options):
         return fused.nala_attention(q, k, v, rope, eps_total, **kernel_options)
     phi = compiled_feature_map(kernel) if compile else spec.features
     kv, k_sum = None, None

@@ -20,6 +20,8 @@ import os
 import torch
 from torch.autograd.function import once_differentiable
 
+from .kernels import KEY_MAPS, NALA_KEY_MAP, resolve_angle_scale, upcast
+
 try:
     from nala_gen.attention import _nala_fused as _op
 except ImportError as error:  # not built, or built against another torch
@@ -117,12 +119,10 @@ def nala_attention(
     q, k: (B, heads, N, d); v: (B, heads, N_k, dv); rope: (cos, sin) tables (N, d) for the 2d features, or None.
     Returns (B, heads, N_q, dv) in v's dtype.
     """
-    from .kernels import KEY_MAPS, NALA_KEY_MAP, _angle_scale, upcast
-
     key_map = NALA_KEY_MAP if key_map is None else key_map
     if key_map not in KEY_MAPS:
         raise ValueError(f"key_map must be one of {', '.join(KEY_MAPS)}, got {key_map!r}")
-    scale = _angle_scale(angle_scale, q.shape[-1])
+    scale = resolve_angle_scale(angle_scale, q.shape[-1])
     gamma = _per_head(norm_scale, q.shape[1])
     empty = torch.empty(0)
     cos, sin = (empty, empty) if rope is None else (rope[0].float().contiguous(), rope[1].float().contiguous())

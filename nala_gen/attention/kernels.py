@@ -210,7 +210,8 @@ KEY_MAPS = ("raw", "direction")
 NALA_KEY_MAP = "raw"
 
 
-def _angle_scale(angle_scale: float | str, head_dim: int) -> float:
+def resolve_angle_scale(angle_scale: float | str, head_dim: int) -> float:
+    """The number s of ``theta = (pi/4) tanh(s x)`` for an ``angle_scale`` option (a number or ``"sqrt_d"``)."""
     if angle_scale == "sqrt_d":
         return math.sqrt(head_dim)
     if isinstance(angle_scale, str) or not math.isfinite(angle_scale) or angle_scale <= 0:
@@ -248,7 +249,7 @@ def nala_features(
         magnitude = upcast(x).abs().pow(lam)
     else:
         magnitude = unit.abs().pow(lam)
-    return cosine_features(unit, magnitude, _angle_scale(angle_scale, x.shape[-1]))
+    return cosine_features(unit, magnitude, resolve_angle_scale(angle_scale, x.shape[-1]))
 
 
 @register_kernel("nala_split", raw_keys=True, denominator_eps=1e-6)

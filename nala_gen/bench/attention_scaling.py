@@ -28,7 +28,7 @@ from nala_gen.profiling import PeakMemory, synchronize
 
 SIZES = (1024, 4096, 16384, 65536, 71680)
 METHODS = ("nala", "nala_eager", "nala_compiled", "nala_split", "relu", "softmax_sdpa", "softmax_explicit")
-COMPILED = "_compiled"  # suffix: the same kernel with its feature map fused by torch.compile
+COMPILED = "_compiled"  # suffix: the PyTorch path with its feature map fused by torch.compile (fused op off)
 EAGER = "_eager"  # suffix: the same kernel on the PyTorch path (the fused C++ op switched off), i.e. "before"
 EXPLICIT_BUDGET_BYTES = 10 * 2**30
 
@@ -158,11 +158,13 @@ def run_config(
         }
     args = ["--worker", method, "--sizes", str(n), "--heads", str(heads), "--head-dim", str(d)]
     backward = backward and not method.startswith("softmax")  # linear kernels only: the op this bench is about
+    env = {"THP_MEM_ALLOC_ENABLE": "1" if thp else "0"}
+    env["NALA_GEN_FUSED"] = "0" if method.endswith((EAGER, COMPILED)) else "1"  # both measure the PyTorch path
     with busy_core(busy):
         result = run_worker(
             "nala_gen.bench.attention_scaling",
             [*args, "--repeats", str(repeats), "--device", device, *(["--backward"] if backward else [])],
-            {"THP_MEM_ALLOC_ENABLE": "1" if thp else "0", "NALA_GEN_FUSED": "0" if method.endswith(EAGER) else "1"},
+            env,
         )
     return {**row, "status": "ok", **result}
 
