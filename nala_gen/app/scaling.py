@@ -18,8 +18,9 @@ LIVE_BUDGET_BYTES = 2 * 2**30
 TOKEN_CHOICES = (1024, 4096, 16_384, 65_536, 71_680)
 
 METHODS = {
-    "nala": "NaLa (linear)",
-    "nala_compiled": "NaLa, feature map fused (torch.compile)",
+    "nala": "NaLa (linear; the fused op on CPU)",
+    "nala_eager": "NaLa, PyTorch path (before the fused op)",
+    "nala_compiled": "NaLa, PyTorch path with torch.compile",
     "nala_split": "NaLa split",
     "relu": "ReLU linear",
     "softmax_sdpa": "softmax, fused SDPA",
@@ -38,8 +39,10 @@ def needs_bytes(method: str, tokens: int, heads: int = HEADS) -> int | None:
     Explicit softmax keeps two (heads, N, N) matrices (scores and their softmax); ESRT's split attention keeps two
     (heads, N/s, N/s) ones of one segment at a time.
     """
+    from nala_gen.bench.attention_scaling import explicit_bytes
+
     if method == "softmax_explicit":
-        return 2 * heads * tokens * tokens * 4
+        return explicit_bytes(tokens, heads)
     if method == "esrt_split":
         return 2 * heads * math.ceil(tokens / ESRT_SPLITS) ** 2 * 4
     return None
@@ -111,7 +114,7 @@ def _grid(tokens: int) -> tuple[int, int]:
 def _live_fn(method: str, tokens: int):
     import torch
 
-    from nala_gen.attention import linear_attention
+    from nala_gen.bench.attention_scaling import method_fn
     from nala_gen.sr.esrt_arch import split_softmax_attention
 
     if method == "naladit_step":
@@ -126,13 +129,9 @@ def _live_fn(method: str, tokens: int):
         return lambda: model(x, timestep=t, class_labels=y).sample, h * w
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, HEADS, tokens, HEAD_DIM) for _ in range(3))
-    if method == "softmax_sdpa":
-        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v), tokens
     if method == "esrt_split":
         return lambda: split_softmax_attention(q, k, v, HEAD_DIM**-0.5, ESRT_SPLITS), tokens
-    if method == "softmax_explicit":
-        return lambda: torch.softmax((q @ k.transpose(-2, -1)) * HEAD_DIM**-0.5, dim=-1) @ v, tokens
-    return lambda: linear_attention(q, k, v, kernel=method), tokens
+    return method_fn(method, q, k, v), tokens  # the benchmark's own calls (SDPA, explicit softmax, linear kernels)
 
 
 def live_budget() -> int:

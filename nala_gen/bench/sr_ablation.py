@@ -72,7 +72,8 @@ def ablation_option(base: dict, variant: str, iters: int, seed: int = 0) -> dict
     # A 0.999 EMA over a few hundred iterations is still mostly its random init.
     opt["train"]["ema_decay"] = 0
     opt["val"]["val_freq"] = iters
-    opt["logger"]["save_checkpoint_freq"] = min(base["logger"]["save_checkpoint_freq"], iters)
+    # Four resumable states per run (a stop loses at most a quarter of it); saving draws no random numbers.
+    opt["logger"]["save_checkpoint_freq"] = min(base["logger"]["save_checkpoint_freq"], max(1, iters // 4))
     return opt
 
 
