@@ -267,12 +267,12 @@ def test_unknown_kernel_is_a_clear_error():
         linear_attention(q, k, v, kernel="nope")
 
 
-@pytest.mark.parametrize("attn_type", kernel_names())
+@pytest.mark.parametrize("kernel", kernel_names())
 @pytest.mark.parametrize("hw", [(7, 5), (1, 9), None])
-def test_module_shapes_odd_grids(attn_type, hw):
+def test_module_shapes_odd_grids(kernel, hw):
     n = 35 if hw is None else hw[0] * hw[1]
-    attn = NaLaAttention(32, num_heads=4, attn_type=attn_type)
-    block = NaLaBlock(32, num_heads=4, attn_type=attn_type)
+    attn = NaLaAttention(32, num_heads=4, kernel=kernel)
+    block = NaLaBlock(32, num_heads=4, kernel=kernel)
     x = torch.randn(3, n, 32)
     assert attn(x, hw).shape == (3, n, 32)
     assert block(x, hw).shape == (3, n, 32)

@@ -37,7 +37,7 @@ def test_sr_ablation_changes_only_the_attention_name_and_budget():
 
     base = yaml.safe_load(sr_ablation.BASE_OPTION.read_text())
     opt = sr_ablation.ablation_option(base, "relu", 1000)
-    assert opt["network_g"]["attn_type"] == "relu" and opt["train"]["total_iter"] == 1000
+    assert opt["network_g"]["kernel"] == "relu" and opt["train"]["total_iter"] == 1000
     assert opt["train"]["scheduler"]["milestones"] == [500, 750, 917]  # 1/2, 3/4, 11/12 of the budget
     assert opt["train"]["ema_decay"] == 0
     assert opt["name"] == "ablation_x4_relu_1000it_seed0" and opt["manual_seed"] == 0
@@ -47,10 +47,10 @@ def test_sr_ablation_changes_only_the_attention_name_and_budget():
         assert opt[key] == base[key]
     for key in ("optim_g", "pixel_opt"):
         assert opt["train"][key] == base["train"][key]
-    assert {k: v for k, v in opt["network_g"].items() if k != "attn_type"} == {
-        k: v for k, v in base["network_g"].items() if k != "attn_type"
+    assert {k: v for k, v in opt["network_g"].items() if k != "kernel"} == {
+        k: v for k, v in base["network_g"].items() if k != "kernel"
     }
-    assert base["network_g"]["attn_type"] == "nala" and base["name"] != opt["name"]  # the base was not mutated
+    assert base["network_g"]["kernel"] == "nala" and base["name"] != opt["name"]  # the base was not mutated
     # ESRT's EMHA is ESRT itself, the same layout and width; a block part or kernel option is one more field.
     esrt = sr_ablation.ablation_option(base, "emha", 1000)["network_g"]
     assert esrt["type"] == "ESRT" and esrt["num_feat"] == base["network_g"]["num_feat"]

@@ -140,12 +140,12 @@ def test_named_sizes_and_parameter_count():
         NaLaDiTTransformer2DModel.from_size("M/3")
 
 
-def test_attention_type_is_one_config_value():
-    nala = tiny_model(attention_type="nala")
-    soft = tiny_model(attention_type="softmax")
+def test_attention_kernel_is_one_config_value():
+    nala = tiny_model(attention_kernel="nala")
+    soft = tiny_model(attention_kernel="softmax")
     assert nala.state_dict().keys() == soft.state_dict().keys()
     soft.load_state_dict(nala.state_dict())
-    assert {block.attn.attn_type for block in nala.blocks} == {"nala"}
+    assert {block.attn.kernel for block in nala.blocks} == {"nala"}
     x, t, y = inputs()
     with torch.no_grad():
         assert not torch.allclose(nala(x, t, y).sample, soft(x, t, y).sample, atol=1e-4)
@@ -153,7 +153,7 @@ def test_attention_type_is_one_config_value():
 
 def test_softmax_model_without_block_parts_is_plain_sdpa_attention():
     # With RoPE, LePE and the gate off, the block is q/k/v -> attention -> projection: the DiT paper's attention.
-    model = tiny_model(attention_type="softmax", rope=False, lepe=False, gate=False)
+    model = tiny_model(attention_kernel="softmax", rope=False, lepe=False, gate=False)
     attn = model.blocks[0].attn
     x = torch.randn(2, 16, 64)
     q, k, v = attn.qkvg(x).unflatten(-1, (3, 2, 32)).permute(2, 0, 3, 1, 4)
@@ -163,10 +163,10 @@ def test_softmax_model_without_block_parts_is_plain_sdpa_attention():
 
 
 @pytest.mark.parametrize("switch", ["rope", "lepe", "gate"])
-@pytest.mark.parametrize("attention_type", ["nala", "softmax"])
-def test_block_switches_change_the_output(attention_type, switch):
-    full = tiny_model(attention_type=attention_type)
-    without = tiny_model(attention_type=attention_type, **{switch: False})
+@pytest.mark.parametrize("attention_kernel", ["nala", "softmax"])
+def test_block_switches_change_the_output(attention_kernel, switch):
+    full = tiny_model(attention_kernel=attention_kernel)
+    without = tiny_model(attention_kernel=attention_kernel, **{switch: False})
     x, t, y = inputs(width=12)
     with torch.no_grad():
         a, b = full(x, t, y).sample, without(x, t, y).sample
@@ -175,10 +175,10 @@ def test_block_switches_change_the_output(attention_type, switch):
 
 
 def test_model_save_load_identical(tmp_path):
-    model = tiny_model(attention_type="nala_split", attention_kernel_options={"lam": 2.0}, learn_sigma=False)
+    model = tiny_model(attention_kernel="nala_split", attention_kernel_options={"lam": 2.0}, learn_sigma=False)
     model.save_pretrained(tmp_path / "model")
     loaded = NaLaDiTTransformer2DModel.from_pretrained(tmp_path / "model").eval()
-    assert loaded.config.attention_type == "nala_split"
+    assert loaded.config.attention_kernel == "nala_split"
     assert loaded.config.attention_kernel_options == {"lam": 2.0}
     assert loaded.blocks[0].attn.kernel_options == {"lam": 2.0}
     x, t, y = inputs(height=12)

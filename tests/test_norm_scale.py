@@ -63,7 +63,7 @@ def test_a_bad_norm_scale_is_refused(bad):
     with pytest.raises(ValueError, match="norm_scale must be None, a positive number or 'learned'"):
         NaLaAttention(32, 4, norm_scale=bad if bad == bad else "sometimes")  # NaN never equals itself
     with pytest.raises(ValueError, match="not of 'relu'"):
-        NaLaAttention(32, 4, attn_type="relu", norm_scale=2.0)
+        NaLaAttention(32, 4, kernel="relu", norm_scale=2.0)
 
 
 def test_a_learned_gamma_starts_at_the_median_query_norm_and_learns():

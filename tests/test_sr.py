@@ -78,18 +78,18 @@ def test_nalasr_large_builds():
         assert net(torch.rand(1, 3, 10, 7)).shape == (1, 3, 40, 28)
 
 
-@pytest.mark.parametrize("attn_type", kernel_names())
-def test_every_attention_type_runs(attn_type):
-    net = build_network({"type": "NaLaSR", "upscale": 2, "attn_type": attn_type, "num_block": 1})
+@pytest.mark.parametrize("kernel", kernel_names())
+def test_every_attention_kernel_runs(kernel):
+    net = build_network({"type": "NaLaSR", "upscale": 2, "kernel": kernel, "num_block": 1})
     out = net(torch.rand(1, 3, 9, 11))
     out.mean().backward()
     assert out.shape == (1, 3, 18, 22)
     assert all(p.grad is not None for p in net.body.transformer.parameters())
 
 
-def test_unknown_attention_type_is_rejected():
-    with pytest.raises(ValueError, match="unknown attn_type"):
-        build_network({"type": "NaLaSR", "attn_type": "flash"})
+def test_unknown_attention_kernel_is_rejected():
+    with pytest.raises(ValueError, match="unknown kernel"):
+        build_network({"type": "NaLaSR", "kernel": "flash"})
 
 
 def test_tiny_inputs_are_a_clear_error():
@@ -232,3 +232,28 @@ def test_evaluate_bicubic_and_a_model(mini_root, tmp_path):
     assert 20 < bicubic["psnr"] < 40 and 0.5 < bicubic["ssim"] < 1
     # An untrained network is far worse than bicubic: the metric sees the difference.
     assert results[str(tmp_path / "tiny.json")]["psnr"] < bicubic["psnr"] - 3
+
+
+def test_the_deprecated_kernel_names_still_load_with_a_warning(tmp_path):
+    """Older option files and cards say attn_type, older NaLaDiT configs attention_type: both still build."""
+    import json
+
+    from nala_gen.attention import NaLaAttention
+    from nala_gen.diffusion import NaLaDiTTransformer2DModel
+
+    with pytest.warns(DeprecationWarning, match="attn_type= is deprecated"):
+        net = build_network({"type": "NaLaSR", "upscale": 2, "attn_type": "relu", "num_block": 1})
+    assert {m.kernel for m in net.modules() if isinstance(m, NaLaAttention)} == {"relu"}
+    with pytest.raises(ValueError, match="disagree"):
+        NaLaAttention(16, 2, kernel="relu", attn_type="elu1")
+    model = NaLaDiTTransformer2DModel.from_size("tiny", sample_size=8, in_channels=1, num_classes=2)
+    model.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["attention_kernel"] == "nala"
+    del config["attention_kernel"]
+    config["attention_type"] = "softmax"  # as configs were written before the rename
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.warns(DeprecationWarning, match="attention_type= is deprecated"):
+        old = NaLaDiTTransformer2DModel.from_pretrained(tmp_path)
+    assert old.config.attention_kernel == "softmax" and old.config.attention_type is None
+    assert {block.attn.kernel for block in old.blocks} == {"softmax"}

@@ -120,7 +120,7 @@ class Engine:
         # NaLa models first (the tab opens on the first one; a softmax twin is there to compare against), otherwise in
         # the search order of the weight folders (a stable sort).
         def softmax(card) -> bool:
-            return card.config.get("attention_type") == "softmax"
+            return card.config.get("attention_kernel", card.config.get("attention_type")) == "softmax"
 
         cards = sorted(list_weights("diffusion"), key=softmax)
         found = [(c.name, f"{c.name} · {c.arch}" + (" · softmax baseline" if softmax(c) else "")) for c in cards]
@@ -371,7 +371,7 @@ class Engine:
                 ("Attention tokens per image", f"{record['tokens']:,} ({w}×{h} px)"),
                 ("Scheduler, steps", f"{record['scheduler']}, {record['steps']}"),
                 ("Guidance, batch", f"{record['guidance']:g}, {record['batch']}"),
-                ("Mode, attention", f"{record['mode']}, {record['attention_type']}"),
+                ("Mode, attention", f"{record['mode']}, {record['kernel']}"),
                 ("Device, seed", f"{record['device']}, {record['seed']}"),
             ],
         )

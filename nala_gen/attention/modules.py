@@ -3,13 +3,15 @@
 ``NaLaAttention`` is the paper's NaLa block, laid out as the released NaLaFormer code lays it: one projection
 to q, k, v and a gate g -> the kernel, with 2-D RoPE on the numerator features -> + LePE (a 5x5 depthwise conv
 on v over the H x W grid) -> ``LayerNorm(o) * SiLU(g)`` -> output projection. Each part is a switch (``rope``,
-``lepe``, ``gate``) so an ablation can take them away one at a time, and the kernel is one name (``softmax``
-gives the release's vanilla-attention twin of the same block). NaLaSR and NaLaDiT both use this module.
+``lepe``, ``gate``) so an ablation can take them away one at a time, and the kernel is one name, ``kernel``, from
+YAML to feature map (``softmax`` gives the release's vanilla-attention twin of the same block). NaLaSR and NaLaDiT
+both use this module.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -37,14 +39,24 @@ def map_to_tokens(x: Tensor) -> Tensor:
     return x.flatten(2).transpose(1, 2)
 
 
+def kernel_from_alias(kernel: str, old_value: str | None, old_name: str, default: str = "nala") -> str:
+    """The kernel name, taking a deprecated argument (``attn_type``, ``attention_type``) when only it is given."""
+    if old_value is None:
+        return kernel
+    if kernel != default and kernel != old_value:
+        raise ValueError(f"kernel={kernel!r} and the deprecated {old_name}={old_value!r} disagree")
+    warnings.warn(f"{old_name}= is deprecated; the attention kernel is called kernel=", DeprecationWarning, 3)
+    return old_value
+
+
 class NaLaAttention(nn.Module):
     """The NaLa block: multi-head kernelised self-attention over (B, N, C) tokens of an H x W grid.
 
     Args:
         dim: channels C (divisible by ``num_heads``).
         num_heads: attention heads.
-        attn_type: any name from :func:`~nala_gen.attention.kernel_names` (``nala``, ``nala_split``,
-            ``relu``, ``elu1``, ``focused``, ``softmax``).
+        kernel: any name from :func:`~nala_gen.attention.kernel_names` (``nala``, ``nala_split``,
+            ``relu``, ``elu1``, ``focused``, ``softmax``); ``attn_type`` is its deprecated name.
         out_dim: width of the output projection (default ``dim``; NaLaSR maps back to its token width).
         qkv_bias: bias in the q/k/v(/g) projection (the release: True).
         rope: 2-D RoPE on the numerator features (on q, k for softmax) when a grid is given. As in the paper, the
@@ -67,7 +79,7 @@ class NaLaAttention(nn.Module):
         self,
         dim: int,
         num_heads: int,
-        attn_type: str = "nala",
+        kernel: str = "nala",
         out_dim: int | None = None,
         qkv_bias: bool = True,
         rope: bool = True,
@@ -76,21 +88,23 @@ class NaLaAttention(nn.Module):
         gate: bool = True,
         kernel_options: dict | None = None,
         norm_scale: float | str | None = None,
+        attn_type: str | None = None,
     ) -> None:
         super().__init__()
+        kernel = kernel_from_alias(kernel, attn_type, "attn_type")
         if dim % num_heads:
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
-        if attn_type not in kernel_names():
-            raise ValueError(f"unknown attn_type {attn_type!r}; choose one of {', '.join(kernel_names())}")
+        if kernel not in kernel_names():
+            raise ValueError(f"unknown kernel {kernel!r}; choose one of {', '.join(kernel_names())}")
         if lepe_kernel % 2 == 0:
             raise ValueError(f"lepe_kernel must be odd, got {lepe_kernel}")
         self.num_heads = num_heads
-        self.attn_type = attn_type
+        self.kernel = kernel
         self.kernel_options = dict(kernel_options or {})
         self.log_norm_scale = None
         if norm_scale is not None:
-            if attn_type != "nala":
-                raise ValueError(f"norm_scale is an option of the nala kernel, not of {attn_type!r}")
+            if kernel != "nala":
+                raise ValueError(f"norm_scale is an option of the nala kernel, not of {kernel!r}")
             if norm_scale == "learned":
                 self.log_norm_scale = nn.Parameter(torch.zeros(num_heads))
                 self.register_buffer("norm_scale_started", torch.tensor(False))
@@ -102,7 +116,7 @@ class NaLaAttention(nn.Module):
                 raise ValueError(f"norm_scale must be None, a positive number or 'learned', got {norm_scale!r}")
         # Linear kernels rotate their features (2d wide for the cosine/split maps), softmax rotates q, k; 2-D RoPE
         # needs a size divisible by 4. Fixed by the config, so found once here rather than on every forward.
-        rope_dim = feature_dim(attn_type, dim // num_heads, **self.kernel_options)
+        rope_dim = feature_dim(kernel, dim // num_heads, **self.kernel_options)
         self.rope_dim = rope_dim if rope and rope_dim % 4 == 0 else None
         self.qkvg = nn.Linear(dim, (4 if gate else 3) * dim, bias=qkv_bias)
         self.lepe = nn.Conv2d(dim, dim, lepe_kernel, padding=lepe_kernel // 2, groups=dim) if lepe else None
@@ -134,7 +148,7 @@ class NaLaAttention(nn.Module):
         options = self.kernel_options
         if self.log_norm_scale is not None:
             options = {**options, "norm_scale": self._learned_norm_scale(q)}
-        out = linear_attention(q, k, v, kernel=self.attn_type, rope=self._rope(hw, x.device), **options)
+        out = linear_attention(q, k, v, kernel=self.kernel, rope=self._rope(hw, x.device), **options)
         out = out.transpose(1, 2).reshape(b, n, c)
         if self.lepe is not None and hw is not None:
             v_map = tokens_to_map(v.transpose(1, 2).reshape(b, n, c), hw)
@@ -164,17 +178,15 @@ class NaLaBlock(nn.Module):
     """Pre-norm transformer block: ``x + attn(LN(x))`` then ``x + ConvFFN(LN(x))``.
 
     Args:
-        dim, num_heads, attn_type: as in :class:`NaLaAttention`.
+        dim, num_heads, kernel: as in :class:`NaLaAttention`.
         mlp_ratio: hidden width of the FFN relative to ``dim``.
         **attn_kwargs: forwarded to :class:`NaLaAttention`.
     """
 
-    def __init__(
-        self, dim: int, num_heads: int, attn_type: str = "nala", mlp_ratio: float = 2.0, **attn_kwargs
-    ) -> None:
+    def __init__(self, dim: int, num_heads: int, kernel: str = "nala", mlp_ratio: float = 2.0, **attn_kwargs) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = NaLaAttention(dim, num_heads, attn_type=attn_type, **attn_kwargs)
+        self.attn = NaLaAttention(dim, num_heads, kernel=kernel, **attn_kwargs)
         self.norm2 = nn.LayerNorm(dim)
         self.ffn = ConvFFN(dim, int(dim * mlp_ratio))
 

@@ -109,7 +109,7 @@ def sample(argv: list[str]) -> int:
         "cfg": args.cfg,
         "seed": args.seed,
         **{k: readout[k] for k in ("latency_s", "peak_mem_bytes", "tokens", "steps", "model_evals", "batch")},
-        **{k: readout[k] for k in ("mode", "attention_type", "device")},
+        **{k: readout[k] for k in ("mode", "kernel", "device")},
     }
     print(json.dumps(record) if args.json else args.output, flush=True)
     return 0

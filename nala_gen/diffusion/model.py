@@ -4,8 +4,10 @@ Layout (DiT, Peebles & Xie 2023): patchify conv -> + 2-D sin-cos positions -> ``
 conditioned on one vector c = timestep embedding + class embedding -> adaLN final layer -> unpatchify.
 Attention is the NaLa block of :class:`~nala_gen.attention.NaLaAttention` (the module NaLaSR uses too: q/k/v/g
 projection, the kernel with 2-D RoPE on the numerator, LePE, the ``LN(o) * SiLU(g)`` gate, projection), its kernel
-chosen by the config field ``attention_type``: a NaLa model and its softmax twin differ by that one value and have
-identical state dicts. ``rope``, ``lepe`` and ``gate`` switch the block's parts (the paper's block: all on).
+chosen by the config field ``attention_kernel`` (the ``kernel`` of the block, scoped like the other ``attention_*``
+fields): a NaLa model and its softmax twin differ by that one value and have identical state dicts. Older configs
+name it ``attention_type``, which still loads (deprecated) and is rewritten on save. ``rope``, ``lepe`` and ``gate``
+switch the block's parts (the paper's block: all on).
 
 The same network serves both objectives: DiT (epsilon prediction, timesteps in [0, 1000)) and SiT (flow matching:
 it outputs ``noise - data`` at timestep ``1000 * sigma``), see :mod:`nala_gen.diffusion.pipeline`.
@@ -24,6 +26,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from nala_gen.attention import NaLaAttention
+from nala_gen.attention.modules import kernel_from_alias
 
 from .embeddings import TimestepClassEmbedding, sincos_pos_embed_2d
 
@@ -51,7 +54,7 @@ class NaLaDiTBlock(nn.Module):
     """adaLN-Zero transformer block: ``x + gate * attn(modulate(LN(x)))``, then the same with an MLP.
 
     The modulation is zero-initialised by the model, so every block starts as the identity (DiT's adaLN-Zero).
-    ``attention_options`` go to :class:`~nala_gen.attention.NaLaAttention` (``attn_type``, ``rope``, ``lepe``,
+    ``attention_options`` go to :class:`~nala_gen.attention.NaLaAttention` (``kernel``, ``rope``, ``lepe``,
     ``gate``, ``kernel_options``).
     """
 
@@ -85,7 +88,8 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         mlp_ratio: MLP hidden size / hidden_size.
         num_classes: number of classes; the embedding table has one more row, the null class ``num_classes``.
         learn_sigma: also output the (DDPM learned-range) variance, so ``out_channels = 2 * in_channels``.
-        attention_type: attention kernel: ``nala``, ``nala_split``, ``relu``, ``elu1``, ``focused`` or ``softmax``.
+        attention_kernel: attention kernel: ``nala``, ``nala_split``, ``relu``, ``elu1``, ``focused`` or ``softmax``
+            (``attention_type``: its deprecated name, read from older configs).
         attention_kernel_options: feature-map arguments, e.g. ``{"lam": 3.0, "tau": 0.5}``.
         attention_norm_scale: ``nala`` only, our extension: the query power's norm scale gamma (None: the
             paper's 1; a number; ``"learned"``: one per head, see :class:`~nala_gen.attention.NaLaAttention`).
@@ -118,7 +122,7 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         mlp_ratio: float = 4.0,
         num_classes: int = 1000,
         learn_sigma: bool = True,
-        attention_type: str = "nala",
+        attention_kernel: str = "nala",
         attention_kernel_options: dict | None = None,
         attention_norm_scale: float | str | None = None,
         rope: bool = True,
@@ -127,8 +131,12 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         interpolate_pos_embed: bool = False,
         norm_eps: float = 1e-6,
         prediction_type: str | None = None,
+        attention_type: str | None = None,
     ) -> None:
         super().__init__()
+        if attention_type is not None:  # an older config: keep one name in the config from now on
+            attention_kernel = kernel_from_alias(attention_kernel, attention_type, "attention_type")
+            self.register_to_config(attention_kernel=attention_kernel, attention_type=None)
         if prediction_type not in PREDICTION_TYPES:
             raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
         if hidden_size % num_attention_heads:
@@ -139,7 +147,7 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         self.x_embedder = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size)
         self.embedder = TimestepClassEmbedding(hidden_size, num_classes)
         attention = {
-            "attn_type": attention_type,
+            "kernel": attention_kernel,
             "kernel_options": attention_kernel_options,
             "norm_scale": attention_norm_scale,
             "rope": rope,
@@ -158,7 +166,7 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
     def from_size(cls, name: str, **overrides) -> NaLaDiTTransformer2DModel:
         """A randomly initialised model of a named size (``tiny``, ``S/2``, ``B/2``, ``L/2``, ``XL/2``).
 
-        ``overrides`` set any other config field (or replace the size's), e.g. ``attention_type="softmax"``.
+        ``overrides`` set any other config field (or replace the size's), e.g. ``attention_kernel="softmax"``.
         """
         if name not in MODEL_SIZES:
             raise ValueError(f"unknown model size {name!r}; choose one of {', '.join(MODEL_SIZES)}")

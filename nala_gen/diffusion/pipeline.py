@@ -357,7 +357,7 @@ class NaLaDiTPipeline(DiffusionPipeline):
             "batch": len(ids) * (2 if guidance_scale > 1 else 1),
             "mode": "flow" if self.is_flow else "epsilon",
             "prediction_type": self.prediction_type,
-            "attention_type": config.attention_type,
+            "kernel": config.attention_kernel,
             "device": str(device),
         }
         self.maybe_free_model_hooks()

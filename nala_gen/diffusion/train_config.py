@@ -4,12 +4,12 @@ A config file is a plain mapping (see ``options/diffusion/*.yml``)::
 
     output_dir: experiments/naladit_digits
     objective: dit            # dit (epsilon, DDPM linear betas) or sit (flow matching, noise - data)
-    model: {size: tiny, hidden_size: 128, depth: 4, attention_type: nala}
+    model: {size: tiny, hidden_size: 128, depth: 4, attention_kernel: nala}
     data: {source: digits, image_size: 16, channels: 1}
     batch_size: 64
     max_steps: 4000
 
-Overrides use dotted keys and YAML values: ``model.attention_type=softmax``, ``lr=3e-4``, ``vae=null``.
+Overrides use dotted keys and YAML values: ``model.attention_kernel=softmax``, ``lr=3e-4``, ``vae=null``.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from nala_gen.attention import NaLaAttention
+from nala_gen.attention.modules import kernel_from_alias
 
 from .esrt_arch import ESRTLayout
 
@@ -35,7 +36,7 @@ class NaLaTokenAttention(nn.Module):
     Args:
         dim: token width (``9 * num_feat``).
         num_heads: heads of the NaLa block.
-        **block_options: forwarded to :class:`~nala_gen.attention.NaLaAttention` (``attn_type``, ``rope``,
+        **block_options: forwarded to :class:`~nala_gen.attention.NaLaAttention` (``kernel``, ``rope``,
             ``lepe``, ``gate``, ``kernel_options``, ...).
     """
 
@@ -63,8 +64,9 @@ class NaLaSR(ESRTLayout, PyTorchModelHubMixin, library_name="nala_gen", tags=["s
         num_et: Efficient Transformers (light 1, large 2).
         num_heads: attention heads (8).
         upscale: 2, 3 or 4.
-        attn_type: kernel of the block: ``nala`` (default), ``nala_split``, ``softmax`` (fused SDPA: O(N) memory,
-            O(N^2) time), ``relu``, ``elu1``, ``focused``.
+        kernel: kernel of the block: ``nala`` (default), ``nala_split``, ``softmax`` (fused SDPA: O(N) memory,
+            O(N^2) time), ``relu``, ``elu1``, ``focused``. ``attn_type`` (older option files and cards) is its
+            deprecated name.
         rope: 2-D RoPE on the numerator features.
         lepe: the 5x5 depthwise LePE on v.
         gate: the ``LN(o) * SiLU(g)`` output gate.
@@ -82,14 +84,16 @@ class NaLaSR(ESRTLayout, PyTorchModelHubMixin, library_name="nala_gen", tags=["s
         num_et: int = 1,
         num_heads: int = 8,
         upscale: int = 4,
-        attn_type: str = "nala",
+        kernel: str = "nala",
         rope: bool = True,
         lepe: bool = True,
         gate: bool = True,
         kernel_options: dict | None = None,
         norm_scale: float | str | None = None,
+        attn_type: str | None = None,
     ) -> None:
-        options = {"attn_type": attn_type, "rope": rope, "lepe": lepe, "gate": gate, "kernel_options": kernel_options}
+        kernel = kernel_from_alias(kernel, attn_type, "attn_type")
+        options = {"kernel": kernel, "rope": rope, "lepe": lepe, "gate": gate, "kernel_options": kernel_options}
         options["norm_scale"] = norm_scale
         super().__init__(
             num_in_ch,
