@@ -14,13 +14,14 @@ install, or a torch whose ABI differs from the one it was built against) the eag
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from .kernels import KEY_MAPS, NALA_KEY_MAP, resolve_angle_scale, upcast
+from .kernels import nala_features, resolve_angle_scale, resolve_key_map, upcast
 
 try:
     from nala_gen.attention import _nala_fused as _op
@@ -31,7 +32,13 @@ else:
     _WHY_NOT = None
 
 Tensor = torch.Tensor
-OPTIONS = frozenset({"lam", "tau", "angle_scale", "key_map", "norm_scale"})
+# The NaLa map's options and defaults, read from the map itself (one source for both paths).
+NALA_DEFAULTS = {
+    name: p.default
+    for name, p in inspect.signature(nala_features).parameters.items()
+    if p.default is not inspect.Parameter.empty
+}
+OPTIONS = frozenset(NALA_DEFAULTS)
 MAX_HEAD_DIM = 512
 
 
@@ -103,27 +110,19 @@ def _per_head(norm_scale: float | Tensor, heads: int) -> Tensor:
 
 
 def nala_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rope: tuple[Tensor, Tensor] | None,
-    eps_total: float = 0.0,
-    lam: float = 3.0,
-    tau: float = 0.5,
-    angle_scale: float | str = 1.0,
-    key_map: str | None = None,
-    norm_scale: float | Tensor = 1.0,
+    q: Tensor, k: Tensor, v: Tensor, rope: tuple[Tensor, Tensor] | None, eps_total: float = 0.0, **options
 ) -> Tensor:
     """The fused op on keys already made safe (:func:`~nala_gen.attention.kernels.safe_keys`); see the module.
 
-    q, k: (B, heads, N, d); v: (B, heads, N_k, dv); rope: (cos, sin) tables (N, d) for the 2d features, or None.
+    q, k: (B, heads, N, d); v: (B, heads, N_k, dv); rope: (cos, sin) tables (N, d) for the 2d features, or None;
+    options: those of :func:`~nala_gen.attention.kernels.nala_features`, with its defaults.
     Returns (B, heads, N_q, dv) in v's dtype.
     """
-    key_map = NALA_KEY_MAP if key_map is None else key_map
-    if key_map not in KEY_MAPS:
-        raise ValueError(f"key_map must be one of {', '.join(KEY_MAPS)}, got {key_map!r}")
-    scale = resolve_angle_scale(angle_scale, q.shape[-1])
-    gamma = _per_head(norm_scale, q.shape[1])
+    o = {**NALA_DEFAULTS, **options}
+    key_map = resolve_key_map(o["key_map"])
+    scale = resolve_angle_scale(o["angle_scale"], q.shape[-1])
+    gamma = _per_head(o["norm_scale"], q.shape[1])
+    lam, tau = o["lam"], o["tau"]
     empty = torch.empty(0)
     cos, sin = (empty, empty) if rope is None else (rope[0].float().contiguous(), rope[1].float().contiguous())
     out = _FusedNaLa.apply(

@@ -219,6 +219,14 @@ def resolve_angle_scale(angle_scale: float | str, head_dim: int) -> float:
     return float(angle_scale)
 
 
+def resolve_key_map(key_map: str | None) -> str:
+    """A ``key_map`` option checked, None meaning :data:`NALA_KEY_MAP`."""
+    key_map = NALA_KEY_MAP if key_map is None else key_map
+    if key_map not in KEY_MAPS:
+        raise ValueError(f"key_map must be one of {', '.join(KEY_MAPS)}, got {key_map!r}")
+    return key_map
+
+
 @register_kernel("nala", raw_keys=lambda options: (options.get("key_map") or NALA_KEY_MAP) == "raw")
 def nala_features(
     x: Tensor,
@@ -239,9 +247,7 @@ def nala_features(
         key_map: ``"raw"`` (``|k_i|^lam``, the paper) or ``"direction"`` (``|dir(k)_i|^lam``); None is
             :data:`NALA_KEY_MAP`.
     """
-    key_map = NALA_KEY_MAP if key_map is None else key_map
-    if key_map not in KEY_MAPS:
-        raise ValueError(f"key_map must be one of {', '.join(KEY_MAPS)}, got {key_map!r}")
+    key_map = resolve_key_map(key_map)
     norm, unit = direction(x)
     if is_query:
         magnitude = unit.abs().pow(query_power(norm, lam, tau, norm_scale))
