@@ -11,6 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+# Image files every command reads (nala-sr's inputs, nala-gen's class folders), by suffix.
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
+
 
 def _current_umask() -> int:
     mask = os.umask(0)  # the only portable way to read it is to set it and put it back

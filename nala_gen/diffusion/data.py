@@ -20,9 +20,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from nala_gen.fileio import IMAGE_SUFFIXES
+
 from .train_config import DataConfig
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".tif", ".tiff")
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
 

@@ -16,9 +16,7 @@ import cv2
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from nala_gen.fileio import atomic_file, write_atomic
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
+from nala_gen.fileio import IMAGE_SUFFIXES, atomic_file, write_atomic  # noqa: F401 - IMAGE_SUFFIXES: re-exported
 
 # EXIF orientation -> (rotations by 90 degrees counter-clockwise, then flip left-right)
 _ORIENT = {2: (0, True), 3: (2, False), 4: (2, True), 5: (1, True), 6: (3, False), 7: (3, True), 8: (1, False)}
