@@ -15,13 +15,12 @@ install, or a torch whose ABI differs from the one it was built against) the eag
 from __future__ import annotations
 
 import inspect
-import math
 import os
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from .kernels import nala_features, resolve_angle_scale, resolve_key_map, upcast
+from .kernels import check_norm_scale, nala_features, resolve_angle_scale, resolve_key_map, upcast
 
 try:
     from nala_gen.attention import _nala_fused as _op
@@ -76,7 +75,7 @@ def eligible(q: Tensor, k: Tensor, v: Tensor, options: dict) -> bool:
     scale = options.get("norm_scale")
     if isinstance(scale, Tensor) and (scale.device.type != "cpu" or scale.numel() not in (1, q.shape[1])):
         return False
-    return not any(type(t) is not Tensor and not isinstance(t, torch.nn.Parameter) for t in tensors)
+    return all(type(t) in (Tensor, torch.nn.Parameter) for t in tensors)  # no fake/functional tensor subclasses
 
 
 class _FusedNaLa(torch.autograd.Function):
@@ -92,11 +91,9 @@ class _FusedNaLa(torch.autograd.Function):
     def backward(ctx, grad):
         q, k, v, cos, sin, gamma, out, den, state = ctx.saved_tensors
         gq, gk, gv, g_gamma = _op.backward(grad, q, k, v, cos, sin, gamma, out, den, state, *ctx.options)
-        g_gamma = g_gamma.view(q.shape[0], q.shape[1]).sum(0) if ctx.needs_input_grad[5] else None
-        need = ctx.needs_input_grad
-        return (gq if need[0] else None, gk if need[1] else None, gv if need[2] else None, None, None, g_gamma) + (
-            None,
-        ) * 5
+        g_gamma = g_gamma.view(q.shape[0], q.shape[1]).sum(0)  # per (batch, head) -> per head
+        grads = (gq, gk, gv, None, None, g_gamma) + (None,) * 5
+        return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
 
 
 def _per_head(norm_scale: float | Tensor, heads: int) -> Tensor:
@@ -104,9 +101,7 @@ def _per_head(norm_scale: float | Tensor, heads: int) -> Tensor:
     if isinstance(norm_scale, Tensor):
         flat = norm_scale.float().reshape(-1)
         return (flat.expand(heads) if flat.numel() == 1 else flat).contiguous()
-    if not math.isfinite(norm_scale) or norm_scale <= 0:
-        raise ValueError(f"norm_scale must be a positive number, got {norm_scale!r}")
-    return torch.full((heads,), float(norm_scale))
+    return torch.full((heads,), check_norm_scale(norm_scale))
 
 
 def nala_attention(

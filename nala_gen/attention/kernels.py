@@ -182,6 +182,13 @@ def _robust_direction(x: Tensor) -> tuple[Tensor, Tensor]:
     return amax * length, unit
 
 
+def check_norm_scale(norm_scale: float) -> float:
+    """A numeric ``norm_scale`` option, which must be a positive finite number."""
+    if not math.isfinite(norm_scale) or norm_scale <= 0:
+        raise ValueError(f"norm_scale must be a positive number, got {norm_scale!r}")
+    return float(norm_scale)
+
+
 def query_power(norm: Tensor, lam: float | Tensor = 3.0, tau: float = 0.5, norm_scale: float | Tensor = 1.0) -> Tensor:
     """The norm-aware exponent p(q) = lam * (tau + tanh(|q| / norm_scale)), in [lam*tau, lam*(tau+1)).
 
@@ -190,8 +197,7 @@ def query_power(norm: Tensor, lam: float | Tensor = 3.0, tau: float = 0.5, norm_
     """
     if isinstance(norm_scale, Tensor):
         return lam * (tau + torch.tanh(norm / upcast(norm_scale)))
-    if not math.isfinite(norm_scale) or norm_scale <= 0:
-        raise ValueError(f"norm_scale must be a positive number, got {norm_scale!r}")
+    check_norm_scale(norm_scale)
     return lam * (tau + torch.tanh(norm if norm_scale == 1.0 else norm * (1.0 / norm_scale)))
 
 
