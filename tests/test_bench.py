@@ -124,8 +124,14 @@ def test_sr_ablation_runs_trains_resumes_and_reports_on_a_tiny_budget(tmp_path, 
     assert {(r["variant"], r["seed"]) for r in summary["runs"]} == {("nala", 0), ("nala", 1), ("relu", 0), ("relu", 1)}
     relu = next(e for e in summary["variants"] if e["variant"] == "relu")
     assert relu["seeds"] == [0, 1] and relu["psnr_std"] is not None and "beyond_two_se" in relu
-    results = sorted(tmp_path.glob("experiments/*/ablation_result.json"))
+    results = sorted((tmp_path / sr_ablation.LEDGER).glob("*.json"))
+    assert len(results) == 4
     stamps = [p.stat().st_mtime_ns for p in results]
     assert sr_ablation.main([*argv, "--report-only"]) == 0  # nothing is trained again
     assert [p.stat().st_mtime_ns for p in results] == stamps
+    # The ledger is the record: a checkout without experiments/ trains nothing that the ledger holds.
+    shutil.rmtree(tmp_path / "experiments")
+    assert sr_ablation.main(argv) == 0
+    assert [p.stat().st_mtime_ns for p in results] == stamps
+    assert not (tmp_path / "experiments").exists()
     assert (out / "sr_ablation.png").read_bytes()[:4] == b"\x89PNG"

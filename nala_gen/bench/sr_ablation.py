@@ -8,11 +8,13 @@ layout with its split-softmax attention).
 
     nala-bench sr-ablation [--iters 1000] [--seeds 0 1 2] [--variants nala emha relu ...] [--report-only]
 
-Runs are kept under ``experiments/`` as ``ablation_x4_<variant>_<iters>it_seed<seed>``; a finished run is not
-trained again and an interrupted one resumes (BasicSR's ``--auto_resume``), so the command can be rerun after a
-stop. Each run writes its result next to its checkpoints. The summary JSON and PNG gather every finished run of
-the budget: per variant the mean and sample standard deviation over its seeds, and against ``nala`` (the paper's)
-the difference of means with its standard error, flagged where it exceeds two standard errors.
+Runs are kept under ``experiments/`` as ``ablation_x4_<variant>_<iters>it_seed<seed>``; an interrupted one resumes
+(BasicSR's ``--auto_resume``), so the command can be rerun after a stop. A finished run's result row goes to a
+ledger, ``benchmarks/results/sr_ablation_runs/<run>.json``, which is committed: a run in the ledger is not trained
+again, even in a checkout without ``experiments/`` (the checkpoints are a cache, the ledger is the record). The
+summary JSON and PNG gather every ledger row of the budget: per variant the mean and sample standard deviation
+over its seeds, and against ``nala`` (the paper's) the difference of means with its standard error, flagged
+where it exceeds two standard errors.
 ``--report-only`` rebuilds them from finished runs without training anything.
 """
 
@@ -53,6 +55,7 @@ REFERENCE = "nala"  # the variant every other one is compared with
 # The short-run schedule, fixed here rather than scaled from the base file so a longer shipped run does not move it.
 MILESTONE_FRACTIONS = (1 / 2, 3 / 4, 11 / 12)
 VAL_DATA = Path("datasets/mini/val")
+LEDGER = Path("benchmarks/results/sr_ablation_runs")  # one committed JSON row per finished run
 
 
 def run_name(variant: str, iters: int, seed: int = 0) -> str:
@@ -83,9 +86,9 @@ def train_one(variant: str, iters: int, root: Path, seed: int = 0) -> dict:
 
     name = run_name(variant, iters, seed)
     run_dir = root / "experiments" / name
-    result_path = run_dir / "ablation_result.json"
-    if result_path.is_file():
-        return json.loads(result_path.read_text())
+    ledger_path = root / LEDGER / f"{name}.json"
+    if ledger_path.is_file():
+        return json.loads(ledger_path.read_text())
     option_path = root / "experiments" / f"{name}.yml"
     option_path.parent.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load((root / BASE_OPTION).read_text())
@@ -112,7 +115,10 @@ def train_one(variant: str, iters: int, root: Path, seed: int = 0) -> dict:
         # Wall time of an uninterrupted run on this machine (None when it was resumed across sessions).
         "train_wall_s": None if resumed else round(train_s, 1),
     }
-    result_path.write_text(json.dumps(row, indent=1))
+    ledger_path.parent.mkdir(parents=True, exist_ok=True)
+    partial = ledger_path.with_suffix(".json.partial")
+    partial.write_text(json.dumps(row, indent=1) + "\n")
+    partial.replace(ledger_path)  # a row is in the ledger whole or not at all
     return row
 
 
@@ -187,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
             for variant in args.variants:
                 row = train_one(variant, args.iters, root, seed)
                 print(f"{variant:<18} seed {seed}  PSNR {row['psnr']:.3f} dB  SSIM {row['ssim']:.4f}", flush=True)
-    done = sorted((root / "experiments").glob(f"ablation_x4_*_{args.iters}it_seed*/ablation_result.json"))
+    done = sorted((root / LEDGER).glob(f"ablation_x4_*_{args.iters}it_seed*.json"))
     rows = [json.loads(p.read_text()) for p in done]
     if not rows:
-        print(f"no finished {args.iters}-iteration runs under experiments/", file=sys.stderr)
+        print(f"no finished {args.iters}-iteration runs in {LEDGER}/", file=sys.stderr)
         return 1
     bicubic = evaluate(root / VAL_DATA, 4, ["bicubic"])["bicubic"]
     stats = summarise(rows)

@@ -174,8 +174,20 @@ def output_suffix(src: Path, ext: str, img) -> str:
     return ".png" if lossy_only or suffix not in (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff") else suffix
 
 
+def _batch(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        batch = int(text)
+    except ValueError:
+        batch = 0
+    if batch < 1:
+        raise argparse.ArgumentTypeError("batch must be 'auto' or a whole number of at least 1")
+    return batch
+
+
 def upscale(argv: list[str]) -> int:
-    from .jobs import MANIFEST_NAME, JobManifest, file_sha256
+    from .jobs import MANIFEST_NAME, JobManifest
 
     parser = argparse.ArgumentParser(prog="nala-sr upscale", description="Upscale images with NaLaSR.")
     parser.add_argument("inputs", nargs="+", help="image files, folders or glob patterns")
@@ -194,6 +206,18 @@ def upscale(argv: list[str]) -> int:
         "--memory-budget-mb",
         type=bounded(float, 1),
         help="memory for the whole job: tiles, output, encoding (default: half of free)",
+    )
+    parser.add_argument(
+        "--batch",
+        type=_batch,
+        default=1,
+        help="passes per network call: tiles of one image, and images of one size (auto: as many as fit; default 1)",
+    )
+    parser.add_argument(
+        "--io-threads",
+        type=bounded(int, 0, 1),
+        default=1,
+        help="1: decode the next image and encode the last one while the network runs (default); 0: in turn",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
@@ -222,12 +246,11 @@ def upscale(argv: list[str]) -> int:
         print(f"nala-sr upscale: error: {clash}", file=sys.stderr)
         return 1
 
-    from tqdm import tqdm
-
     from nala_gen.devices import pick_device
     from nala_gen.weights import WeightsError
 
-    from .imageio import IMAGE_SUFFIXES, ImageError, read_image
+    from .folder_job import FolderJob
+    from .imageio import IMAGE_SUFFIXES
     from .models import load_sr_model
     from .upscaler import Upscaler
 
@@ -235,7 +258,9 @@ def upscale(argv: list[str]) -> int:
         pick_device(args.device)  # a device this machine lacks is refused before the model loads
         model, info = load_sr_model(args.model, args.scale, args.opt)
         budget = int(args.memory_budget_mb * 2**20) if args.memory_budget_mb else None
-        engine = Upscaler(model, args.scale, args.device, args.precision, args.tile, args.tile_pad, args.alpha, budget)
+        engine = Upscaler(
+            model, args.scale, args.device, args.precision, args.tile, args.tile_pad, args.alpha, budget, args.batch
+        )
     except (WeightsError, ValueError, OSError) as err:
         print(f"nala-sr upscale: error: {err}", file=sys.stderr)
         return 1
@@ -256,57 +281,54 @@ def upscale(argv: list[str]) -> int:
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     total = len(inputs)
     inputs = inputs[rank::world]
-    failures = 0
     show_progress = not args.quiet and sys.stderr.isatty()
-    for src in tqdm(inputs, desc="images", unit="img", disable=not show_progress or len(inputs) == 1):
-        try:
-            img = read_image(src, max_pixels=args.max_pixels)
-            dst = output_path(src, args, len(inputs) == 1, output_suffix(src, args.ext, img))
-            if dst.resolve() in resolved_inputs:
-                raise ImageError(f"output {dst} would overwrite an input")
-            input_sha256 = file_sha256(src)
-            if args.skip_existing:
-                if manifest is not None:
-                    redo = manifest.why_redo(dst, input_sha256, settings)
-                else:
-                    redo = None if dst.exists() else "no output yet"
-                if redo is None:
-                    if args.json:
-                        emit({"input": str(src), "output": str(dst), "status": "skipped"})
-                    continue
-                if dst.exists():
-                    print(f"nala-sr upscale: redoing {dst}: {redo}", file=sys.stderr)
-            for stale in dst.parent.glob(f".{glob.escape(dst.name)}.*.part"):  # left by a killed earlier run
-                stale.unlink(missing_ok=True)
-            readout = engine.upscale_to_file(img, dst, args.outscale, progress=show_progress)
-        except (ImageError, ValueError, RuntimeError, OSError) as err:  # report, go on with the next image
-            failures += 1
-            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-            print(f"nala-sr upscale: error: {src}: {reason}", file=sys.stderr)
-            if args.json:
-                emit({"input": str(src), "status": "error", "error": reason})
-            continue
-        record = {"input": str(src), "output": str(dst), "status": "ok", "model": info["name"], **readout.as_dict()}
-        if manifest is not None:
-            try:
-                manifest.append({**record, "input_sha256": input_sha256, "settings": settings})
-            except OSError as err:
-                print(
-                    f"nala-sr upscale: warning: cannot record {dst} in {manifest.path}: {err.strerror}", file=sys.stderr
-                )
+    single = len(inputs) == 1
+
+    def skipped(item) -> None:
         if args.json:
-            emit(record)
+            emit({"input": str(item.src), "output": str(item.dst), "status": "skipped"})
+
+    def redone(item, why: str) -> None:
+        print(f"nala-sr upscale: redoing {item.dst}: {why}", file=sys.stderr)
+
+    def failed(src, reason: str) -> None:
+        print(f"nala-sr upscale: error: {src}: {reason}", file=sys.stderr)
+        if args.json:
+            emit({"input": str(src), "status": "error", "error": reason})
+
+    def done(item, readout) -> None:
+        src, dst = item.src, item.dst
+        if args.json:
+            emit({"input": str(src), "output": str(dst), "status": "ok", "model": info["name"], **readout.as_dict()})
         elif args.report:
             print(
                 f"{src} -> {dst}: {readout.input_size[0]}x{readout.input_size[1]} -> "
                 f"{readout.output_size[0]}x{readout.output_size[1]}, {readout.latency_s:.2f} s, "
                 f"peak {readout.peak_mem_bytes / 2**20:.0f} MiB (process {readout.process_peak_bytes / 2**20:.0f} MiB, "
                 f"estimate {readout.estimate_bytes / 2**20:.0f} MiB{', PNG streamed' if readout.streamed else ''}), "
-                f"{readout.tokens:,} tokens/pass, "
-                f"{readout.tiles} tile(s), {readout.device} {readout.precision}"
+                f"{readout.tokens:,} tokens/pass, {readout.tiles} tile(s), batch {readout.batch}, "
+                f"{readout.device} {readout.precision}"
             )
         elif not args.quiet:
             print(dst)
+
+    job = FolderJob(
+        engine,
+        lambda src, img: output_path(src, args, single, output_suffix(src, args.ext, img)),
+        outscale=args.outscale,
+        io_threads=args.io_threads,
+        manifest=manifest,
+        settings=settings,
+        skip_existing=args.skip_existing,
+        protected=resolved_inputs,
+        max_pixels=args.max_pixels,
+        progress=show_progress,
+        on_done=done,
+        on_skip=skipped,
+        on_redo=redone,
+        on_error=failed,
+    )
+    failures = job.run(inputs)
     if world > 1:
         failures = _gather_failures(failures, rank, world, total)
     return 1 if failures else 0

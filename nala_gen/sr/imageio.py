@@ -133,3 +133,20 @@ def write_png_rows(
         if written != height:  # raised inside: the partial file is removed, not renamed into place
             raise ImageError(f"internal error: {written} of {height} rows made for {path}")
     return Path(path)
+
+
+def decoded_bytes(path: str | Path) -> int:
+    """Bytes the decoded image will hold, from its header alone (0 when the header cannot be read: the read
+    itself then reports why)."""
+    try:
+        with Image.open(path) as probe:
+            width, height = probe.size
+            mode = probe.mode
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError):
+        return 0
+    try:
+        channels = Image.getmodebands(mode)
+    except ValueError:  # a mode Pillow reads but does not list (e.g. I;16 variants): one 16-bit plane
+        channels = 1
+    itemsize = 2 if ";16" in mode or mode.startswith("I") else 1
+    return width * height * channels * itemsize

@@ -14,6 +14,9 @@ What it does that the usual scripts do not:
 * any output scale (``outscale``): the model's scale, then Lanczos (or area when shrinking);
 * fp32 on CPU, bf16/fp16 autocast on GPUs (fp16 on CPU is refused: there are no half kernels there);
 * channels-last convolutions (the bulk of an SR network's time);
+* batched passes (``batch=N | "auto"``): tiles of one size in a row of tiles, and whole images of one size
+  (:meth:`Upscaler.upscale_group`), go through the network together, within the same memory budget; the tile
+  chosen is the one an unbatched job would choose, so only the convolutions' summation order differs;
 * a readout: latency, peak memory of the job and of the process, the estimate, attention tokens per pass, tiles.
 """
 
@@ -41,6 +44,7 @@ ALPHA_MODES = ("model", "bicubic")
 MIN_TILE = 32
 PROBE_SIDES = (48, 96, 128)  # input sides probed for tile="auto"; 128 is where quadratic attention shows
 SUPERLINEAR = 1.25  # growth of the cost per token between the two largest probes that reads as quadratic
+MAX_AUTO_BATCH = 8  # batch="auto" tries up to this many passes at once
 CHUNK_ROWS = 64  # output rows finished per step: bounds the per-band temporaries
 ENCODER_COPIES = 2  # an in-memory encode holds the pixels again (channel order) plus the encoded bytes
 # The probed cost of a pass belongs to a network on a device at a precision, not to one Upscaler: measured once per
@@ -64,6 +68,7 @@ class JobPlan:
     band_bytes: int  # the blending band (one row of tiles at the model's scale), resize window, temporaries
     output_bytes: int  # the output image, and the encoder's copies of it, when not streamed
     budget: int
+    batch: int = 1  # passes run as one network call (tiles of a row; see Upscaler.plan_group for images)
 
     @property
     def total_bytes(self) -> int:
@@ -96,6 +101,7 @@ class Readout:
     process_peak_bytes: int = 0
     estimate_bytes: int = 0
     streamed: bool = False
+    batch: int = 1  # passes per network call; for a group of images, its latency is its share of the group's
 
     @property
     def megapixels_per_s(self) -> float:
@@ -242,6 +248,8 @@ class Upscaler:
         alpha: ``model`` or ``bicubic``: how an alpha channel is upscaled.
         memory_budget: bytes for the whole job (default: see :func:`available_memory`). On a GPU it bounds the
             network pass, and the host's part of the job is checked against the host's available memory.
+        batch: passes per network call: 1, N, or ``auto`` (the most, up to MAX_AUTO_BATCH, that keep the job
+            within the budget); a batch never changes the tile a job uses.
     """
 
     def __init__(
@@ -254,11 +262,14 @@ class Upscaler:
         tile_pad: int = 16,
         alpha: str = "model",
         memory_budget: int | None = None,
+        batch: int | str = 1,
     ) -> None:
         if alpha not in ALPHA_MODES:
             raise ValueError(f"unknown alpha mode {alpha!r}; choose {' or '.join(ALPHA_MODES)}")
         if tile != "auto" and (not isinstance(tile, int) or tile < 0 or 0 < tile < MIN_TILE):
             raise ValueError(f"tile must be 'auto', 0 or at least {MIN_TILE}, got {tile!r}")
+        if batch != "auto" and (not isinstance(batch, int) or isinstance(batch, bool) or batch < 1):
+            raise ValueError(f"batch must be 'auto' or a whole number of at least 1, got {batch!r}")
         self.device = pick_device(device)
         self.precision = pick_precision(precision, self.device)
         # Channels-last (NHWC) lets oneDNN and cuDNN run the convolutions, which dominate SR, without layout
@@ -269,6 +280,7 @@ class Upscaler:
         self.tile_pad = tile_pad
         self.alpha = alpha
         self.memory_budget = memory_budget
+        self.batch = batch
 
     # -- memory model -------------------------------------------------------------------------------------------
     def _probe(self, side: int) -> int:
@@ -305,14 +317,17 @@ class Upscaler:
         outscale: float | None = None,
         can_stream: bool = False,
         output_copies: int = 1,
+        images: int = 1,
     ) -> JobPlan:
         """Choose the tile (and streaming) for an input so that the whole job fits the budget.
 
         ``output_copies`` counts the output image and what the encoder holds besides (1 when the caller takes
         the array; 1 + ENCODER_COPIES when it is encoded in memory); ``can_stream`` allows writing PNG rows as
         they come instead. The largest tile that fits wins (fewest seams and passes), keeping the output in
-        memory when it fits (a smaller, faster PNG; any format). Raises :class:`MemoryBudgetError` with the
-        estimate when nothing fits.
+        memory when it fits (a smaller, faster PNG; any format); then the batch of tiles, as large as
+        ``batch`` allows and the budget keeps. ``images`` > 1 plans that many images of this size held and run
+        whole as one batch (no tiles, not streamed; see :meth:`plan_group`). Raises :class:`MemoryBudgetError`
+        with the estimate when nothing fits.
         """
         budget = self.memory_budget or available_memory(self.device)
         host_budget = budget if self.device.type == "cpu" else available_memory(torch.device("cpu"))
@@ -322,28 +337,36 @@ class Upscaler:
         planes = 3 + (1 if channels in (2, 4) and self.alpha == "model" else 0)
         resize_taps = 0 if (target_w, target_h) == (width * s, height * s) else 8 + math.ceil(height * s / target_h)
 
-        def job(tile: int, streamed: bool) -> JobPlan:
+        def job(tile: int, streamed: bool, batch: int = 1) -> JobPlan:
             rows = min(tile or height, height) * s
+            side_h, side_w = min(tile or height, height), min(tile or width, width)
             band = rows * width * s * planes * 4  # the blending band
             band += 3 * CHUNK_ROWS * width * s * max(planes, out_channels) * 4  # a finished chunk and its forms
-            band += (
-                2 * (min(tile or height, height) * s) * (min(tile or width, width) * s) * 4 * 2
-            )  # a tile's result, weights
+            band += batch * 2 * (side_h * s) * (side_w * s) * 4 * 2  # a batch of tile results, weights
             if resize_taps:  # the resize window: source rows resized across, and output rows being made
                 band += (resize_taps + 3 * CHUNK_ROWS) * target_w * out_channels * 4
-            side_h, side_w = min(tile or height, height), min(tile or width, width)
-            if self.tile == "auto":
-                pass_bytes = int(predicted_peak(side_h * side_w, *self._probes(budget)))
+            if self.tile == "auto" or batch > 1 or images > 1:
+                # Convolutions and linear attention cost memory per token, so a batch of b passes of n tokens is
+                # predicted as one pass of b * n (for softmax attention that overestimates: safe).
+                pass_bytes = int(predicted_peak(images * batch * side_h * side_w, *self._probes(budget)))
             else:
                 pass_bytes = 0
             output = 0 if streamed else target_w * target_h * out_channels * itemsize * output_copies
-            return JobPlan(tile, streamed, height * width * channels * itemsize, pass_bytes, band, output, budget)
+            held = height * width * channels * itemsize
+            return JobPlan(
+                tile, streamed, held * images, pass_bytes, band * images, output * images, budget, batch * images
+            )
 
         def fits(p: JobPlan) -> bool:
             if self.device.type == "cpu":
                 return p.total_bytes <= budget
             return p.pass_bytes <= budget and p.total_bytes - p.pass_bytes <= host_budget
 
+        if images > 1:  # see plan_group: one image of this size alone runs whole and in memory
+            grouped = job(0, False)
+            if fits(grouped):
+                return grouped
+            raise MemoryBudgetError(f"{images} images of {width}x{height} need {grouped.describe()}")
         if self.tile != "auto":
             fixed = 0 if self.tile == 0 or (height <= self.tile and width <= self.tile) else self.tile
             tiles = [fixed]
@@ -359,12 +382,46 @@ class Upscaler:
             for tile in tiles:
                 last = job(tile, streamed)
                 if fits(last):
-                    return last
+                    return self._batched(last, job, fits, height, width)
         hint = "; a .png output is written as it is made and needs less" if output_copies > 1 and not can_stream else ""
         raise MemoryBudgetError(
             f"upscaling {width}x{height} to {target_w}x{target_h} needs {last.describe()} at its smallest, over "
             f"the memory budget of {budget / 2**20:,.0f} MiB: raise --memory-budget-mb{hint}"
         )
+
+    def _batched(self, plan: JobPlan, job, fits, height: int, width: int) -> JobPlan:
+        """The plan with the largest batch of tiles that ``batch`` allows and the budget keeps (same tile)."""
+        if not plan.tile or self.batch == 1:
+            return plan
+        overlap = min(2 * self.tile_pad, plan.tile // 2)
+        per_row = len(tile_starts(width, plan.tile, overlap))
+        most = min(per_row, MAX_AUTO_BATCH if self.batch == "auto" else self.batch)
+        for batch in range(most, 1, -1):
+            batched = job(plan.tile, plan.streamed, batch)
+            if fits(batched):
+                return batched
+        return plan
+
+    def plan_group(
+        self, height: int, width: int, channels: int, itemsize: int, outscale: float | None, count: int
+    ) -> JobPlan | None:
+        """The plan for up to ``count`` images of one size run whole as one batch, encoded in memory, or None
+        when batching does not apply: ``batch`` is 1, an image alone would be tiled or streamed, or not even
+        two fit the budget together. ``plan.batch`` says how many of them to take."""
+        if self.batch == 1 or count < 2:
+            return None
+        alone = self.plan(height, width, channels, itemsize, outscale, output_copies=1 + ENCODER_COPIES)
+        if alone.tile or alone.streamed:
+            return None
+        most = min(count, MAX_AUTO_BATCH if self.batch == "auto" else self.batch)
+        for images in range(most, 1, -1):
+            try:
+                return self.plan(
+                    height, width, channels, itemsize, outscale, output_copies=1 + ENCODER_COPIES, images=images
+                )
+            except MemoryBudgetError:
+                continue
+        return None
 
     def tile_size(self, height: int, width: int) -> int:
         """Tile side for an RGB 8-bit input at the model's scale, 0 meaning the whole image in one pass."""
@@ -373,7 +430,7 @@ class Upscaler:
     # -- inference ----------------------------------------------------------------------------------------------
     @torch.no_grad()
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
-        """One pass under autocast: (1, 3, h, w) -> (1, 3, sh, sw) float32 on the model's device."""
+        """One pass under autocast: (B, 3, h, w) -> (B, 3, sh, sw) float32 on the model's device."""
         x = x.to(self.device).contiguous(memory_format=torch.channels_last)
         dtype = PRECISIONS[self.precision]
         with torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32):
@@ -382,15 +439,27 @@ class Upscaler:
 
     def _pass(self, pixels: np.ndarray) -> np.ndarray:
         """(h, w, 3) float32 -> (sh, sw, 3) float32 on the host."""
-        x = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]
-        return self._forward(x)[0].permute(1, 2, 0).cpu().numpy()
+        return self._passes([pixels])[0]
 
-    def _model_rows(self, img: np.ndarray, tile: int, model_alpha: bool, progress: bool) -> Iterator[np.ndarray]:
+    def _passes(self, batch: list[np.ndarray]) -> list[np.ndarray]:
+        """Several (h, w, 3) float32 of one size in one network call -> their (sh, sw, 3) float32 on the host."""
+        x = torch.from_numpy(np.stack(batch)).permute(0, 3, 1, 2)
+        out = self._forward(x).permute(0, 2, 3, 1).cpu().numpy()
+        return list(out)
+
+    def _model_rows(
+        self, img: np.ndarray, tile: int, model_alpha: bool, progress: bool, batch: int = 1, pred=None
+    ) -> Iterator[np.ndarray]:
         """The blended network output, top to bottom: chunks of (n, sW, 3 or 4) float32 (4th: the alpha pass).
 
-        Tiles run a row of tiles at a time into a band as tall as one tile; the rows that no later tile touches
-        are normalised by the feathers' sum and handed on, and the rest of the band moves up.
+        Tiles run a row of tiles at a time into a band as tall as one tile (tiles of one size in batches of up
+        to ``batch``); the rows that no later tile touches are normalised by the feathers' sum and handed on,
+        and the rest of the band moves up. ``pred``: the whole image's output, already made (by a group pass).
         """
+        if pred is not None:
+            for a in range(0, len(pred), CHUNK_ROWS):
+                yield pred[a : a + CHUNK_ROWS]
+            return
         h, w = img.shape[:2]
         s = self.scale
         side = tile or max(h, w)
@@ -403,19 +472,23 @@ class Upscaler:
         tiles = len(ys.starts) * len(xs.starts)
         with tqdm(total=tiles, desc="tiles", leave=False, disable=not progress or tiles == 1) as bar:
             for k, (y, y1, fy) in enumerate(zip(ys.starts, ys.stops, ys.feathers)):
-                for x, x1, fx in zip(xs.starts, xs.stops, xs.feathers):
-                    pixels = img[y:y1, x:x1].astype(np.float32) / max_value
-                    weight = (fy[:, None] * fx[None, :])[..., None]
-                    rows = slice(y * s - base, y1 * s - base)
-                    cols = slice(x * s, x1 * s)
-                    pred = self._pass(color_of(pixels))
-                    pred *= weight
-                    band[rows, cols, :3] += pred
+                row = [(x, x1, fx) for x, x1, fx in zip(xs.starts, xs.stops, xs.feathers)]
+                for group in _same_width_runs(row, batch):
+                    pixels = [img[y:y1, x:x1].astype(np.float32) / max_value for x, x1, _ in group]
+                    preds = self._passes([color_of(p) for p in pixels])
                     if model_alpha:
-                        pred = self._pass(np.repeat(pixels[..., -1:], 3, axis=2)).mean(axis=2, keepdims=True)
-                        pred *= weight
-                        band[rows, cols, 3:] += pred
-                    bar.update()
+                        alphas = self._passes([np.repeat(p[..., -1:], 3, axis=2) for p in pixels])
+                    for i, (x, x1, fx) in enumerate(group):
+                        weight = (fy[:, None] * fx[None, :])[..., None]
+                        rows = slice(y * s - base, y1 * s - base)
+                        cols = slice(x * s, x1 * s)
+                        preds[i] *= weight
+                        band[rows, cols, :3] += preds[i]
+                        if model_alpha:
+                            a = alphas[i].mean(axis=2, keepdims=True)
+                            a *= weight
+                            band[rows, cols, 3:] += a
+                        bar.update()
                 done = (ys.starts[k + 1] if k + 1 < len(ys.starts) else h) * s - base
                 for a in range(0, done, CHUNK_ROWS):
                     b = min(a + CHUNK_ROWS, done)
@@ -426,7 +499,9 @@ class Upscaler:
                 band[kept:] = 0
                 base += done
 
-    def _output_rows(self, img: np.ndarray, target: tuple[int, int], tile: int, progress: bool) -> Iterator[np.ndarray]:
+    def _output_rows(
+        self, img: np.ndarray, target: tuple[int, int], plan: JobPlan, progress: bool, pred=None
+    ) -> Iterator[np.ndarray]:
         """The final image, top to bottom, in chunks of rows with the input's channels and dtype."""
         h, w = img.shape[:2]
         s = self.scale
@@ -439,7 +514,7 @@ class Upscaler:
             shrink = target[0] < w * s
             resizer = RowResizer((h * s, w * s), target[::-1], "area" if shrink else "lanczos4")
         made = 0  # model-scale rows made so far
-        for chunk in self._model_rows(img, tile, model_alpha, progress):
+        for chunk in self._model_rows(img, plan.tile, model_alpha, progress, plan.batch, pred):
             n = chunk.shape[0]
             np.clip(chunk, 0, 1, out=chunk)
             out = chunk[..., :3].mean(axis=2) if gray else chunk[..., :3]
@@ -465,16 +540,18 @@ class Upscaler:
         if min(img.shape[:2]) < 2:
             raise ValueError(f"image of {img.shape[1]}x{img.shape[0]} pixels is too small to upscale")
 
-    def _job(self, img: np.ndarray, outscale: float | None, progress: bool, sink, **plan_options) -> Readout:
+    def _job(
+        self, img: np.ndarray, outscale: float | None, progress: bool, sink, plan=None, pred=None, **plan_options
+    ) -> Readout:
         self._check(img)
         return_large_frees_promptly()  # so that the resident memory, not just the live memory, keeps the budget
         h, w = img.shape[:2]
         channels = 1 if img.ndim == 2 else img.shape[2]
         target = output_size(w, h, self.scale, outscale)
-        plan = self.plan(h, w, channels, img.dtype.itemsize, outscale, **plan_options)
+        plan = plan or self.plan(h, w, channels, img.dtype.itemsize, outscale, **plan_options)
         start = time.perf_counter()
         with PeakMemory(self.device) as memory:
-            sink(self._output_rows(img, target, plan.tile, progress), target, plan)
+            sink(self._output_rows(img, target, plan, progress, pred), target, plan)
         latency = time.perf_counter() - start
         side_h, side_w = min(plan.tile or h, h), min(plan.tile or w, w)
         tiles = 1
@@ -494,23 +571,37 @@ class Upscaler:
             process_peak_bytes=memory.process_peak_bytes,
             estimate_bytes=plan.total_bytes,
             streamed=plan.streamed,
+            batch=plan.batch,
         )
 
     def upscale(
-        self, img: np.ndarray, outscale: float | None = None, progress: bool = False
+        self, img: np.ndarray, outscale: float | None = None, progress: bool = False, plan: JobPlan | None = None
     ) -> tuple[np.ndarray, Readout]:
         """Upscale an (H, W) gray, (H, W, 2) gray+alpha, (H, W, 3) RGB or (H, W, 4) RGBA image, uint8 or uint16.
 
         Returns the image at ``outscale`` (default: the model's scale) with the same channels and dtype.
+        ``plan``: one made for this image by :meth:`plan_file` (to encode the array later, as the file job would
+        have), instead of the plan for returning an array; it must not be streamed.
         """
+        if plan is not None and plan.streamed:
+            raise ValueError("a streamed plan writes a file: use upscale_to_file")
+        return self._to_array(img, outscale, progress, plan)
+
+    def _to_array(self, img, outscale, progress, plan, pred=None) -> tuple[np.ndarray, Readout]:
         result: list[np.ndarray] = []
-        readout = self._job(
-            img,
-            outscale,
-            progress,
-            lambda rows, target, plan: result.append(assemble(rows, (*target[::-1], *img.shape[2:]), img.dtype)),
-        )
+
+        def keep(rows, target, plan):
+            result.append(assemble(rows, (*target[::-1], *img.shape[2:]), img.dtype))
+
+        readout = self._job(img, outscale, progress, keep, plan=plan, pred=pred)
         return result[0], readout
+
+    def plan_file(self, img: np.ndarray, path: str | Path, outscale: float | None = None) -> JobPlan:
+        """The plan :meth:`upscale_to_file` would make for ``img`` into ``path``."""
+        channels = 1 if img.ndim == 2 else img.shape[2]
+        h, w = img.shape[:2]
+        can_stream = Path(path).suffix.lower() == ".png"
+        return self.plan(h, w, channels, img.dtype.itemsize, outscale, can_stream, 1 + ENCODER_COPIES)
 
     def upscale_to_file(
         self, img: np.ndarray, path: str | Path, outscale: float | None = None, progress: bool = False
@@ -526,8 +617,65 @@ class Upscaler:
             else:
                 write_image_atomic(assemble(rows, (*target[::-1], *img.shape[2:]), img.dtype), path)
 
-        can_stream = path.suffix.lower() == ".png"
-        return self._job(img, outscale, progress, write, can_stream=can_stream, output_copies=1 + ENCODER_COPIES)
+        return self._job(img, outscale, progress, write, plan=self.plan_file(img, path, outscale))
+
+    def groupable(self, img: np.ndarray) -> tuple | None:
+        """The key under which ``img`` may share a batch with others (size, channels, dtype), or None: batching
+        is off, or the image has an alpha channel (its alpha pass runs on its own)."""
+        if self.batch == 1 or has_alpha(img):
+            return None
+        return (img.shape, img.dtype.str)
+
+    def upscale_group(
+        self, imgs: list[np.ndarray], outscale: float | None = None, plan: JobPlan | None = None
+    ) -> list[tuple[np.ndarray, Readout]]:
+        """Upscale images of one size (one :meth:`groupable` key) through the network as one batch.
+
+        ``plan``: from :meth:`plan_group` for them (made here when not given); ``plan.batch`` must equal
+        ``len(imgs)``. Each result equals :meth:`upscale`'s for that image up to the convolutions' summation
+        order (within 1e-5 before rounding; an 8- or 16-bit value can move by one step). Each readout's latency
+        is the image's share of the batched pass plus its own finishing.
+        """
+        keys = {self.groupable(img) for img in imgs}
+        if len(keys) != 1 or None in keys:
+            raise ValueError("upscale_group takes images of one size, without alpha, with batching on")
+        h, w = imgs[0].shape[:2]
+        channels = 1 if imgs[0].ndim == 2 else imgs[0].shape[2]
+        plan = plan or self.plan_group(h, w, channels, imgs[0].dtype.itemsize, outscale, len(imgs))
+        if plan is None or plan.batch != len(imgs):
+            raise ValueError(f"{len(imgs)} images of {w}x{h} do not run as one batch here")
+        for img in imgs:
+            self._check(img)
+        max_value = float(np.iinfo(imgs[0].dtype).max)
+        start = time.perf_counter()
+        with PeakMemory(self.device) as memory:
+            preds = self._passes([color_of(img.astype(np.float32) / max_value) for img in imgs])
+        n = len(imgs)
+        share = (time.perf_counter() - start) / n
+        # Each image is finished (clip, alpha, resize, rounding) as a whole-image job of its own.
+        per_image = (plan.input_bytes // n, plan.pass_bytes, plan.band_bytes // n, plan.output_bytes // n)
+        each = JobPlan(0, False, *per_image, plan.budget, n)
+        results = []
+        for img, pred in zip(imgs, preds):
+            out, readout = self._to_array(img, outscale, False, each, pred)
+            readout.latency_s += share
+            readout.peak_mem_bytes = max(readout.peak_mem_bytes, memory.peak_bytes)
+            readout.process_peak_bytes = max(readout.process_peak_bytes, memory.process_peak_bytes)
+            readout.estimate_bytes = plan.total_bytes
+            results.append((out, readout))
+        return results
+
+
+def _same_width_runs(row: list[tuple], batch: int) -> Iterator[list[tuple]]:
+    """Consecutive tiles of one row with the same width, in runs of at most ``batch`` (one network call each)."""
+    run: list[tuple] = []
+    for tile in row:
+        if run and (len(run) == batch or tile[1] - tile[0] != run[0][1] - run[0][0]):
+            yield run
+            run = []
+        run.append(tile)
+    if run:
+        yield run
 
 
 def assemble(rows: Iterator[np.ndarray], shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

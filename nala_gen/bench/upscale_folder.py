@@ -1,0 +1,185 @@
+"""Folder jobs: images per second of ``nala-sr upscale``'s job loop on many images, path against path.
+
+Two made folders (crops of the bundled sample at two LR sizes, PNG in, PNG out at x4) run through the job loop
+that ``nala-sr upscale`` runs (:class:`nala_gen.sr.folder_job.FolderJob`), in four ways:
+
+* ``sequential``: read, upscale, write in turn (``--io-threads 0``), one process with every core's threads;
+* ``pipelined``: the next image decoded and the last one encoded while the network runs (the default);
+* ``batched``: pipelined, and images of one size through the network together (``--batch auto``);
+* ``2 processes``: the inputs split across two processes as under ``torchrun --nproc-per-node 2`` (every second
+  input each, pipelined), one thread each.
+
+Each point is fresh processes that load the shipped weights and warm up on one image before the clock starts
+(``--tile auto`` as the CLI's default, with a fixed 4 GiB budget so that every run plans alike);
+the figure is the images of the folder over the job loop's wall time (for two processes: from the earlier start
+to the later end, the two started together), median of ``--repeats``.
+
+    nala-bench upscale-folder [--model nalasr-light-x4] [--sets 64x64 8x256] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from nala_gen.bench.common import machine_info
+
+PATHS = {  # name -> (io_threads, batch, processes)
+    "sequential": (0, "1", 1),
+    "pipelined": (1, "1", 1),
+    "batched": (1, "auto", 1),
+    "2 processes": (1, "1", 2),
+}
+SETS = ("64x64", "8x256")
+BUDGET = 4 * 2**30  # bytes: the memory budget of every path  # COUNTxSIDE: images of SIDE x SIDE LR pixels
+
+
+def make_folder(folder: Path, count: int, side: int) -> list[Path]:
+    """``count`` different crops of the bundled sample, each resized to side x side, as PNG."""
+    import numpy as np
+    from PIL import Image
+
+    from nala_gen.sr.demo import SAMPLE
+    from nala_gen.sr.imageio import write_image_atomic
+
+    with Image.open(SAMPLE) as img:
+        photo = img.convert("RGB")
+    rng = np.random.default_rng(0)
+    paths = []
+    for i in range(count):
+        w, h = photo.size
+        crop = int(min(w, h) * rng.uniform(0.4, 0.9))
+        x, y = int(rng.integers(0, w - crop + 1)), int(rng.integers(0, h - crop + 1))
+        pixels = np.asarray(photo.crop((x, y, x + crop, y + crop)).resize((side, side), Image.BICUBIC))
+        paths.append(write_image_atomic(pixels, folder / f"img{i:03d}.png"))
+    return paths
+
+
+def worker(model: str, folder: str, out: str, io_threads: int, batch: str, rank: int, world: int) -> dict:
+    import torch
+
+    from nala_gen.sr.cli import collect_inputs
+    from nala_gen.sr.folder_job import FolderJob
+    from nala_gen.sr.models import load_sr_model
+    from nala_gen.sr.upscaler import Upscaler
+
+    net, _ = load_sr_model(model, 4)
+    # The CLI's default tile ("auto"), with a fixed budget so that the plan is the same on every run.
+    engine = Upscaler(net, 4, memory_budget=BUDGET, batch=batch if batch == "auto" else int(batch))
+    inputs = collect_inputs([folder])[rank::world]
+    done = []
+    job = FolderJob(
+        engine,
+        lambda src, img: Path(out) / f"{src.stem}_x4.png",
+        io_threads=io_threads,
+        on_done=lambda item, readout: done.append(readout.batch),
+    )
+    # Warm-up, not timed: oneDNN's primitives, thread pools, the network's memory probes (tile="auto").
+    FolderJob(engine, lambda src, img: Path(out) / "warm-up.png").run(inputs[:1])
+    start = time.time()
+    failures = job.run(inputs)
+    end = time.time()
+    return {
+        "start": start,
+        "end": end,
+        "images": len(done),
+        "failures": failures,
+        "threads": torch.get_num_threads(),
+        "largest_batch": max(done, default=0),
+    }
+
+
+def point(model: str, folder: Path, path: str, count: int) -> dict:
+    io_threads, batch, world = PATHS[path]
+    procs = []
+    with tempfile.TemporaryDirectory() as out:
+        for rank in range(world):
+            cmd = [sys.executable, "-m", "nala_gen.bench.upscale_folder", "--worker", model, str(folder), out]
+            cmd += [str(io_threads), batch, str(rank), str(world)]
+            env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if world > 1 else {})}
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+        results = []
+        for proc in procs:
+            stdout, stderr = proc.communicate(timeout=3600)
+            if proc.returncode:
+                raise RuntimeError(f"worker failed: {stderr.strip().splitlines()[-1:]}")
+            results.append(json.loads(stdout.strip().splitlines()[-1]))
+    wall = max(r["end"] for r in results) - min(r["start"] for r in results)
+    images = sum(r["images"] for r in results)
+    if images != count or any(r["failures"] for r in results):
+        raise RuntimeError(f"{path}: {images} of {count} images done")
+    return {
+        "wall_s": wall,
+        "images_per_s": images / wall,
+        "threads_per_process": results[0]["threads"],
+        "largest_batch": max(r["largest_batch"] for r in results),
+    }
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    fig, axes = plt.subplots(1, len(sets), figsize=(4.2 * len(sets), 3.4), dpi=110, squeeze=False)
+    for ax, name in zip(axes[0], sets):
+        mine = [r for r in rows if r["set"] == name]
+        ax.bar([r["path"] for r in mine], [r["images_per_s"] for r in mine], color="tab:blue")
+        for i, r in enumerate(mine):
+            ax.text(i, r["images_per_s"], f"{r['images_per_s']:.2f}", ha="center", va="bottom", fontsize=8)
+        ax.set_title(f"{name} LR images, x4 (PNG in and out)", fontsize=9)
+        ax.set_ylabel("images / s")
+        ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nala-bench upscale-folder", description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="nalasr-light-x4")
+    parser.add_argument("--sets", nargs="+", default=list(SETS), help="COUNTxSIDE, e.g. 64x64")
+    parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        model, folder, out, io_threads, batch, rank, world = args.worker
+        print(json.dumps(worker(model, folder, out, int(io_threads), batch, int(rank), int(world))))
+        return 0
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for spec in args.sets:
+            count, side = (int(v) for v in spec.split("x"))
+            folder = Path(tmp) / spec
+            make_folder(folder, count, side)
+            for path in args.paths:
+                runs = [point(args.model, folder, path, count) for _ in range(args.repeats)]
+                best = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]  # the median run
+                row = {"set": spec, "images": count, "lr_side": side, "path": path, **best}
+                row["runs_wall_s"] = [r["wall_s"] for r in runs]
+                rows.append(row)
+                print(
+                    f"{spec:<7} {path:<12} {row['images_per_s']:6.2f} images/s  ({row['wall_s']:.1f} s, "
+                    f"{row['threads_per_process']} thread(s) per process, largest batch {row['largest_batch']})",
+                    flush=True,
+                )
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"machine": machine_info("cpu"), "model": args.model, "repeats": args.repeats, "rows": rows}
+    (args.out / "upscale_folder.json").write_text(json.dumps(result, indent=1))
+    plot(rows, args.out / "upscale_folder.png")
+    print(f"wrote {args.out / 'upscale_folder.json'} and {args.out / 'upscale_folder.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
