@@ -16,7 +16,7 @@ $(STAMP): setup.cfg setup.py pyproject.toml Makefile nala_gen/attention/csrc/nal
 	# basicsr 1.4.2's setup.py imports torch: build it against the torch above, not in isolation.
 	$(BIN)/pip install -q --no-build-isolation basicsr==1.4.2
 	# Not isolated either: the fused NaLa op (C++, about a minute to compile) builds against that torch.
-	$(BIN)/pip install -q --no-build-isolation -e '.[sr,diffusion,plot,app,test]'
+	$(BIN)/pip install -q --no-build-isolation -e '.[sr,diffusion,plot,app,video,test]'
 	$(BIN)/python -c "from nala_gen.attention import fused; print('nala_gen: fused NaLa op:', fused.instruction_set() or fused.unavailable_reason())"
 	touch $@
 

@@ -165,6 +165,27 @@ def test_api_upscale_errors(client, tmp_path):
     assert record["tiles"] == 4 and Image.open(after).size == (140, 140)
 
 
+def test_api_upscale_video_keeps_frames_and_audio(client, tmp_path):
+    import av
+    from gradio_client import handle_file
+    from gradio_client.exceptions import AppError
+
+    from nala_gen.bench.upscale_folder import make_clip
+
+    clip = make_clip(tmp_path / "clip.mp4", seconds=0.5, rate=12, size=(48, 40))
+    video, markdown, record = client.predict(
+        video=handle_file(str(clip)), model=SR_NAME, device="cpu", api_name="/upscale_video"
+    )
+    path = video["video"] if isinstance(video, dict) else video
+    with av.open(path) as c:
+        assert (c.streams.video[0].width, c.streams.video[0].height) == (192, 160) and c.streams.audio
+        assert sum(1 for _ in c.decode(video=0)) == 6
+    assert record["frames"] == 6 and record["audio"] == ["copied aac"] and "frames/s" in markdown
+    long_clip = make_clip(tmp_path / "long.mp4", seconds=11, rate=2, size=(16, 16))
+    with pytest.raises(AppError, match=r"limited to 10 s"):
+        client.predict(video=handle_file(str(long_clip)), model=SR_NAME, device="cpu", api_name="/upscale_video")
+
+
 def test_upload_size_limit(app, tmp_path):
     import httpx
 

@@ -174,6 +174,17 @@ def build_upscale_tab(engine: Engine) -> dict:
             readout = gr.Markdown(elem_id="upscale-readout")
             with gr.Accordion("Readout (JSON)", open=False):
                 readout_json = gr.JSON(elem_id="upscale-json")
+    with gr.Accordion(
+        f"Video: a short clip (up to {engine.config.max_video_seconds:g} s, frames up to "
+        f"{engine.config.max_video_pixels:,} pixels), every frame through the model above, audio kept",
+        open=False,
+        elem_id="upscale-video",
+    ):
+        with gr.Row(equal_height=False):
+            video_in = gr.Video(label="Input video", sources=["upload"], elem_id="upscale-video-input", height=240)
+            video_out = gr.Video(label="Upscaled (H.264, CRF 18)", elem_id="upscale-video-output", height=240)
+        video_button = gr.Button("Upscale video", elem_id="upscale-video-button")
+        video_readout = gr.Markdown(elem_id="upscale-video-readout")
 
     def upscale(image, scale, model, tile_mode, tile_size, device, precision, outscale, alpha, progress=TRACKED):
         """Upscale an image with a named super-resolution model; returns (before/after, PNG, readout, JSON)."""
@@ -210,6 +221,21 @@ def build_upscale_tab(engine: Engine) -> dict:
     )
     tile_mode.change(
         lambda mode: gr.update(visible=mode == "size"), tile_mode, tile_size, api_visibility="private", queue=False
+    )
+
+    def upscale_video(video, model, device, progress=TRACKED):
+        """Upscale a short video with a named super-resolution model; returns (MP4, readout, JSON)."""
+        progress(0, desc="upscaling frames")
+        record, path = _guard("upscaling the video", engine.upscale_video, video, model, device or "auto", True)
+        return str(path), Engine.video_markdown(record), record
+
+    video_button.click(
+        upscale_video,
+        inputs=[video_in, model, device],
+        outputs=[video_out, video_readout, readout_json],
+        api_name="upscale_video",
+        concurrency_limit=1,
+        concurrency_id=CONCURRENCY_ID,
     )
 
     def on_scale(scale):

@@ -183,3 +183,33 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def make_clip(path: Path, seconds: float = 1.0, rate: int = 12, size: tuple[int, int] = (48, 40), tone_hz=440.0):
+    """A made video for tests and this benchmark: a moving colour pattern of ``size`` (width, height) at ``rate``
+    frames per second in H.264, with a sine tone in AAC (48 kHz, mono) as long as the video."""
+    import av
+    import numpy as np
+
+    w, h = size
+    frames = round(seconds * rate)
+    sample_rate = 48000
+    with av.open(str(path), "w") as out:
+        video = out.add_stream("libx264", rate=rate, options={"crf": "23"})
+        video.width, video.height, video.pix_fmt = w, h, "yuv420p"
+        audio = out.add_stream("aac", rate=sample_rate, layout="mono")
+        yy, xx = np.mgrid[0:h, 0:w]
+        for i in range(frames):
+            pixels = np.stack([(xx * 5 + i * 9) % 256, (yy * 7 + i * 5) % 256, ((xx + yy) * 3) % 256], axis=2)
+            frame = av.VideoFrame.from_ndarray(pixels.astype(np.uint8), format="rgb24")
+            frame.pts = i
+            out.mux(video.encode(frame))
+        out.mux(video.encode(None))
+        t = np.arange(round(seconds * sample_rate)) / sample_rate
+        tone = (0.3 * np.sin(2 * np.pi * tone_hz * t)).astype(np.float32)
+        for at in range(0, len(tone), 1024):
+            frame = av.AudioFrame.from_ndarray(tone[None, at : at + 1024], format="flt", layout="mono")
+            frame.sample_rate, frame.pts = sample_rate, at
+            out.mux(audio.encode(frame))
+        out.mux(audio.encode(None))
+    return path

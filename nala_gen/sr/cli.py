@@ -117,8 +117,9 @@ def _tile(text: str) -> int | str:
 
 
 def collect_inputs(specs: list[str]) -> list[Path]:
-    """Files, folders (their images, sorted) and glob patterns -> image paths, in order, without repeats."""
-    from .imageio import IMAGE_SUFFIXES
+    """Files, folders (their images, sorted) and glob patterns (images and videos) -> paths, in order, without
+    repeats."""
+    from nala_gen.fileio import IMAGE_SUFFIXES, VIDEO_SUFFIXES
 
     paths: list[Path] = []
     for spec in specs:
@@ -126,20 +127,26 @@ def collect_inputs(specs: list[str]) -> list[Path]:
         if path.is_dir():
             paths += sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
         elif glob.has_magic(spec):
-            paths += sorted(Path(p) for p in glob.glob(spec) if Path(p).suffix.lower() in IMAGE_SUFFIXES)
+            media = IMAGE_SUFFIXES + VIDEO_SUFFIXES
+            paths += sorted(Path(p) for p in glob.glob(spec) if Path(p).suffix.lower() in media)
         else:
             paths.append(path)  # a missing file is reported when it is read
     return list(dict.fromkeys(paths))
 
 
-def output_path(src: Path, args: argparse.Namespace, single: bool, img_suffix: str) -> Path:
-    from .imageio import IMAGE_SUFFIXES
+def names_a_file(output: str | None) -> bool:
+    """Whether ``-o`` names an output file (an image or a video) rather than a folder."""
+    from nala_gen.fileio import IMAGE_SUFFIXES, VIDEO_SUFFIXES
 
+    return output is not None and Path(output).suffix.lower() in IMAGE_SUFFIXES + VIDEO_SUFFIXES
+
+
+def output_path(src: Path, args: argparse.Namespace, single: bool, img_suffix: str) -> Path:
     name = f"{src.stem}{args.suffix}{img_suffix}"
     if args.output is None:
         return src.with_name(name)
     out = Path(args.output)
-    if single and out.suffix.lower() in IMAGE_SUFFIXES:
+    if single and names_a_file(args.output):
         return out
     return out / name
 
@@ -150,10 +157,8 @@ def output_clash(inputs: list[Path], args: argparse.Namespace) -> str | None:
     Outputs are compared without their suffix (the format is only known once an image is read), so two inputs
     that would write ``out/a_x4.*`` are refused whatever their formats.
     """
-    from .imageio import IMAGE_SUFFIXES
-
-    if args.output is not None and len(inputs) > 1 and Path(args.output).suffix.lower() in IMAGE_SUFFIXES:
-        return f"-o {args.output} names one file, but {len(inputs)} images were given: give a folder"
+    if len(inputs) > 1 and names_a_file(args.output):
+        return f"-o {args.output} names one file, but {len(inputs)} inputs were given: give a folder"
     seen: dict[Path, Path] = {}
     for src in inputs:
         stem = output_path(src, args, len(inputs) == 1, "").resolve()
@@ -231,6 +236,15 @@ def upscale(argv: list[str]) -> int:
     parser.add_argument(
         "--manifest", help=f"JSON-lines job record (default with --skip-existing and -o FOLDER: FOLDER/{MANIFEST_NAME})"
     )
+    video = parser.add_argument_group("video (inputs ending in .mp4, .mkv, .mov, .webm, .avi, .m4v)")
+    video.add_argument("--codec", default="libx264", help="video encoder: libx264 (default), libx265, libvpx-vp9, ...")
+    video.add_argument("--crf", type=bounded(int, 0, 63), default=18, help="video quality, lower is better (18)")
+    video.add_argument(
+        "--chunk-seconds",
+        type=bounded(float, 0, 3600, low_inclusive=False),
+        default=4.0,
+        help="video is encoded in chunks this long; a stopped job resumes from its last whole chunk",
+    )
     parser.add_argument("--report", action="store_true", help="print a readout per image")
     parser.add_argument("--json", action="store_true", help="one JSON object per image on stdout")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bars")
@@ -250,7 +264,6 @@ def upscale(argv: list[str]) -> int:
     from nala_gen.weights import WeightsError
 
     from .folder_job import FolderJob
-    from .imageio import IMAGE_SUFFIXES
     from .models import load_sr_model
     from .upscaler import Upscaler
 
@@ -268,7 +281,7 @@ def upscale(argv: list[str]) -> int:
     manifest = None  # kept for resumable jobs: with --skip-existing (beside a -o folder) or --manifest
     if args.manifest:
         manifest = JobManifest(args.manifest)
-    elif args.skip_existing and args.output and Path(args.output).suffix.lower() not in IMAGE_SUFFIXES:
+    elif args.skip_existing and args.output and not names_a_file(args.output):
         manifest = JobManifest(Path(args.output) / MANIFEST_NAME)
     # What decides an output's pixels (the device does not, beyond rounding): a record with other values is redone.
     settings = {"model": info["name"], "model_sha256": info.get("sha256", info["source"]), "scale": args.scale}
@@ -283,6 +296,10 @@ def upscale(argv: list[str]) -> int:
     inputs = inputs[rank::world]
     show_progress = not args.quiet and sys.stderr.isatty()
     single = len(inputs) == 1
+    from nala_gen.fileio import VIDEO_SUFFIXES
+
+    videos = [p for p in inputs if p.suffix.lower() in VIDEO_SUFFIXES]
+    inputs = [p for p in inputs if p.suffix.lower() not in VIDEO_SUFFIXES]
 
     def skipped(item) -> None:
         if args.json:
@@ -329,9 +346,53 @@ def upscale(argv: list[str]) -> int:
         on_error=failed,
     )
     failures = job.run(inputs)
+    for src in videos:
+        failures += _upscale_video(engine, src, output_path(src, args, single, src.suffix), args, settings, emit)
     if world > 1:
         failures = _gather_failures(failures, rank, world, total)
     return 1 if failures else 0
+
+
+def _upscale_video(engine, src: Path, dst: Path, args: argparse.Namespace, settings: dict, emit) -> int:
+    """One video through the engine (nala_gen.sr.video); returns 1 when it failed (said in one line), else 0."""
+    from .video import VideoError, upscale_video
+
+    if args.skip_existing and dst.exists():  # a video output appears only when whole
+        if args.json:
+            emit({"input": str(src), "output": str(dst), "status": "skipped"})
+        return 0
+    show_progress = not args.quiet and sys.stderr.isatty()
+    try:
+        readout = upscale_video(
+            engine,
+            src,
+            dst,
+            args.outscale,
+            codec=args.codec,
+            crf=args.crf,
+            chunk_seconds=args.chunk_seconds,
+            settings=settings,
+            progress=show_progress,
+            max_pixels=args.max_pixels,
+        )
+    except (VideoError, ValueError, RuntimeError, OSError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        print(f"nala-sr upscale: error: {src}: {reason}", file=sys.stderr)
+        if args.json:
+            emit({"input": str(src), "status": "error", "error": reason})
+        return 1
+    if args.json:
+        emit({"input": str(src), "output": str(dst), "status": "ok", "model": settings["model"], **readout.as_dict()})
+    elif args.report:
+        print(
+            f"{src} -> {dst}: {readout.frames} frames {readout.input_size[0]}x{readout.input_size[1]} -> "
+            f"{readout.output_size[0]}x{readout.output_size[1]} at {readout.rate} fps, "
+            f"{readout.frames_per_s:.2f} frames/s, {readout.chunks} chunk(s) ({readout.chunks_reused} reused), "
+            f"audio: {', '.join(readout.audio) or 'none'}"
+        )
+    elif not args.quiet:
+        print(dst)
+    return 0
 
 
 def emit(record: dict) -> None:
