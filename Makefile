@@ -52,9 +52,10 @@ bench: $(STAMP)
 	$(BIN)/nala-bench sr
 	$(BIN)/nala-bench upscale --engines torch torch_eager onnxruntime
 	$(BIN)/nala-bench upscale-memory
+	$(BIN)/nala-bench upscale-folder
 	$(BIN)/nala-bench trained-entropy
 	test -d datasets/mini || $(BIN)/nala-sr prepare mini
-	$(BIN)/nala-bench sr-ablation --iters 500
+	$(BIN)/nala-bench sr-ablation --iters 1000  # 9 variants x 3 seeds; finished runs (the ledger) are not redone
 	$(BIN)/nala-sr evaluate --data datasets/mini/val --scale 4 --models bicubic esrt-x4 nalasr-light-x4 \
 		--json benchmarks/results/sr_quality.json
 	$(BIN)/nala-sr evaluate --data datasets/mini/val --scale 2 --models bicubic nalasr-light-x2 \

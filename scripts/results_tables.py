@@ -307,6 +307,34 @@ def sr_ablation_table() -> str:
     return "\n".join(lines)
 
 
+def upscale_folder_table() -> str:
+    data = json.loads((RESULTS / "upscale_folder.json").read_text())
+    machine = data["machine"]
+    lines = [
+        f"`{data['model']}`, x4, PNG in and out, `--tile auto` (4 GiB budget); {machine['cpu_count']} cores, torch "
+        f"{machine['torch']}; median of {data['repeats']} runs, fresh processes, warm-up untimed.",
+        "",
+        "| images | path | threads × processes | wall | images/s | vs sequential | largest batch |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        base = next(b for b in data["rows"] if b["set"] == r["set"] and b["path"] == "sequential")
+        processes = 2 if r["path"] == "2 processes" else 1
+        unit = "frames/s" if r["path"] == "video" else "images/s"
+        lines.append(
+            row(
+                f"{r['images']} × {r['lr_side']}²",
+                r["path"],
+                f"{r['threads_per_process']} × {processes}",
+                f"{r['wall_s']:.1f} s",
+                f"{r['images_per_s']:.2f} {unit}",
+                f"{r['images_per_s'] / base['images_per_s']:.2f}x",
+                r["largest_batch"],
+            )
+        )
+    return "\n".join(lines)
+
+
 def digits_quality_table() -> str:
     data = json.loads((RESULTS / "digits_quality.json").read_text())
     lines = [
@@ -337,6 +365,7 @@ TABLES = {
     "sr quality": sr_quality_table,
     "upscale throughput": upscale_table,
     "upscale memory": upscale_memory_table,
+    "upscale folder": upscale_folder_table,
     "trained entropy": trained_entropy_table,
     "sr ablation": sr_ablation_table,
     "digits quality": digits_quality_table,

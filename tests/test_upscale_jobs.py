@@ -37,7 +37,9 @@ def records(stdout):
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
 
 
-def test_a_killed_job_finishes_on_the_same_command_redoing_only_what_was_in_flight(job):
+@pytest.mark.parametrize("io_threads", ["0", "1"])  # one step after another; decode ahead and encode behind
+def test_a_killed_job_finishes_on_the_same_command_redoing_only_what_was_in_flight(job, io_threads):
+    job["cmd"] += ["--io-threads", io_threads]
     proc = subprocess.Popen(job["cmd"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     manifest = job["out"] / MANIFEST_NAME
     deadline = time.time() + 120
@@ -90,6 +92,30 @@ def test_two_torchrun_processes_split_the_job_and_match_one_process_byte_for_byt
     assert double.stderr.count("8 of 8 images upscaled by 2 processes") == 1  # one rank prints the summary
     written = [r["output"] for r in records(double.stdout) if r["status"] == "ok"]
     assert len(written) == len(set(written)) == 8  # each output by exactly one rank
+    for i in range(8):
+        name = f"img{i}_x4.png"
+        assert (out2 / name).read_bytes() == (job["out"] / name).read_bytes()
+
+
+def test_slurm_ranks_split_the_job_without_a_rendezvous(job, tmp_path):
+    single = subprocess.run(job["cmd"], capture_output=True, text=True, timeout=300)
+    assert single.returncode == 0, single.stderr
+    out2 = tmp_path / "out_slurm"
+    cmd = list(job["cmd"])
+    cmd[cmd.index(str(job["out"]))] = str(out2)
+    procs = []
+    for rank in (0, 1):  # as `srun -n 2` starts them: SLURM_PROCID / SLURM_NTASKS, no MASTER_ADDR
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR")}
+        env.update(SLURM_PROCID=str(rank), SLURM_NTASKS="2", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    written = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr
+        mine = [r["output"] for r in records(stdout) if r["status"] == "ok"]
+        assert len(mine) == 4  # every second input
+        written += mine
+    assert len(set(written)) == 8
     for i in range(8):
         name = f"img{i}_x4.png"
         assert (out2 / name).read_bytes() == (job["out"] / name).read_bytes()

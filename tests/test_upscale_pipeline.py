@@ -51,7 +51,7 @@ def run(tmp_path, src, out, *options):
 def test_decode_ahead_and_encode_behind_write_the_sequential_files_byte_for_byte(folder):
     tmp_path, src = folder
     seq, seq_lines = run(tmp_path, src, tmp_path / "seq", "--io-threads", "0")
-    pipe, pipe_lines = run(tmp_path, src, tmp_path / "pipe")  # the default: io threads on
+    pipe, pipe_lines = run(tmp_path, src, tmp_path / "pipe", "--io-threads", "1")
     assert seq.returncode == pipe.returncode == 1  # the broken file fails; every other image is done
     assert "e_broken.png" in pipe.stderr and pipe.stderr.count("error:") == 1
     # The same reports in the same (input) order.
@@ -64,8 +64,8 @@ def test_decode_ahead_and_encode_behind_write_the_sequential_files_byte_for_byte
 
 def test_batched_images_match_one_at_a_time_within_one_step(folder):
     tmp_path, src = folder
-    one, _ = run(tmp_path, src, tmp_path / "one")
-    batched, lines = run(tmp_path, src, tmp_path / "batched", "--batch", "auto")
+    one, _ = run(tmp_path, src, tmp_path / "one", "--io-threads", "1")
+    batched, lines = run(tmp_path, src, tmp_path / "batched", "--batch", "auto", "--io-threads", "1")
     assert one.returncode == batched.returncode == 1
     by_input = {r["input"].rsplit("/", 1)[-1]: r for r in lines if r["status"] == "ok"}
     assert by_input["a0.png"]["batch"] == 5  # the run of five same-size RGB images went through as one batch

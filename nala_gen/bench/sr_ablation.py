@@ -15,7 +15,9 @@ again, even in a checkout without ``experiments/`` (the checkpoints are a cache,
 summary JSON and PNG gather every ledger row of the budget: per variant the mean and sample standard deviation
 over its seeds, and against ``nala`` (the paper's) the difference of means with its standard error, flagged
 where it exceeds two standard errors.
-``--report-only`` rebuilds them from finished runs without training anything.
+``--report-only`` rebuilds them from finished runs without training anything. Several invocations may run side by
+side (one per core, e.g. with the seeds in another order): a run being trained by a live process is locked
+(``experiments/<run>.lock`` holds its pid) and the others pass it by.
 """
 
 from __future__ import annotations
@@ -80,15 +82,55 @@ def ablation_option(base: dict, variant: str, iters: int, seed: int = 0) -> dict
     return opt
 
 
+class Busy(Exception):
+    """The run is being trained by another live process."""
+
+
+def _lock(path: Path) -> None:
+    """Take ``path`` as this process's lock, or raise :class:`Busy` when a live process holds it (a lock left by a
+    process that is gone is taken over)."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                pid = int(path.read_text() or 0)
+                os.kill(pid, 0)
+            except (ValueError, ProcessLookupError, FileNotFoundError):
+                path.unlink(missing_ok=True)  # stale: its process is gone
+                continue
+            except PermissionError:
+                pass  # alive, someone else's
+            raise Busy(path.stem) from None
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return
+    raise Busy(path.stem)
+
+
 def train_one(variant: str, iters: int, root: Path, seed: int = 0) -> dict:
-    """Train (or resume, or reuse) one run and score its final weights; returns its result row."""
-    from nala_gen.sr.evaluate import evaluate
+    """Train (or resume, or reuse) one run and score its final weights; returns its result row. Raises
+    :class:`Busy` when another process is training it."""
 
     name = run_name(variant, iters, seed)
     run_dir = root / "experiments" / name
     ledger_path = root / LEDGER / f"{name}.json"
     if ledger_path.is_file():
         return json.loads(ledger_path.read_text())
+    lock = root / "experiments" / f"{name}.lock"
+    _lock(lock)
+    try:
+        return _train_and_score(variant, iters, root, seed, name, run_dir, ledger_path)
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _train_and_score(variant, iters, root, seed, name, run_dir, ledger_path) -> dict:
+    from nala_gen.sr.evaluate import evaluate
+
     option_path = root / "experiments" / f"{name}.yml"
     option_path.parent.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load((root / BASE_OPTION).read_text())
@@ -191,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         for seed in args.seeds:  # every variant at one seed before the next seed: a stop leaves comparable sets
             for variant in args.variants:
-                row = train_one(variant, args.iters, root, seed)
+                try:
+                    row = train_one(variant, args.iters, root, seed)
+                except Busy:
+                    print(f"{variant:<18} seed {seed}  being trained by another process: passed by", flush=True)
+                    continue
                 print(f"{variant:<18} seed {seed}  PSNR {row['psnr']:.3f} dB  SSIM {row['ssim']:.4f}", flush=True)
     done = sorted((root / LEDGER).glob(f"ablation_x4_*_{args.iters}it_seed*.json"))
     rows = [json.loads(p.read_text()) for p in done]

@@ -7,7 +7,9 @@ that ``nala-sr upscale`` runs (:class:`nala_gen.sr.folder_job.FolderJob`), in fo
 * ``pipelined``: the next image decoded and the last one encoded while the network runs (the default);
 * ``batched``: pipelined, and images of one size through the network together (``--batch auto``);
 * ``2 processes``: the inputs split across two processes as under ``torchrun --nproc-per-node 2`` (every second
-  input each, pipelined), one thread each.
+  input each, pipelined), one thread each;
+* ``video``: the same pictures as the frames of one clip (H.264 in and out, :mod:`nala_gen.sr.video`), in frames
+  per second: what streaming a video costs beside the image path.
 
 Each point is fresh processes that load the shipped weights and warm up on one image before the clock starts
 (``--tile auto`` as the CLI's default, with a fixed 4 GiB budget so that every run plans alike);
@@ -35,6 +37,7 @@ PATHS = {  # name -> (io_threads, batch, processes)
     "pipelined": (1, "1", 1),
     "batched": (1, "auto", 1),
     "2 processes": (1, "1", 2),
+    "video": (0, "1", 1),
 }
 SETS = ("64x64", "8x256")
 BUDGET = 4 * 2**30  # bytes: the memory budget of every path  # COUNTxSIDE: images of SIDE x SIDE LR pixels
@@ -61,17 +64,45 @@ def make_folder(folder: Path, count: int, side: int) -> list[Path]:
     return paths
 
 
+def clip_of(pictures: list[Path], path: Path, rate: int = 24) -> Path:
+    """The pictures as the frames of one H.264 clip (CRF 18, no audio)."""
+    import av
+
+    from nala_gen.sr.imageio import read_image
+
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=rate, options={"crf": "18"})
+        first = read_image(pictures[0])
+        stream.height, stream.width, stream.pix_fmt = *first.shape[:2], "yuv420p"
+        for i, picture in enumerate(pictures):
+            frame = av.VideoFrame.from_ndarray(read_image(picture), format="rgb24")
+            frame.pts = i
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode(None))
+    return path
+
+
 def worker(model: str, folder: str, out: str, io_threads: int, batch: str, rank: int, world: int) -> dict:
     import torch
 
     from nala_gen.sr.cli import collect_inputs
     from nala_gen.sr.folder_job import FolderJob
+    from nala_gen.sr.imageio import read_image
     from nala_gen.sr.models import load_sr_model
     from nala_gen.sr.upscaler import Upscaler
 
     net, _ = load_sr_model(model, 4)
     # The CLI's default tile ("auto"), with a fixed budget so that the plan is the same on every run.
     engine = Upscaler(net, 4, memory_budget=BUDGET, batch=batch if batch == "auto" else int(batch))
+    if Path(folder).is_file():  # the video path
+        from nala_gen.sr.video import upscale_video
+
+        engine.upscale(read_image(collect_inputs([Path(folder).with_suffix("")])[0]))  # warm-up, as below
+        start = time.time()
+        readout = upscale_video(engine, folder, Path(out) / "clip_x4.mp4")
+        end = time.time()
+        row = {"start": start, "end": end, "images": readout.frames, "failures": 0, "largest_batch": 1}
+        return {**row, "threads": torch.get_num_threads()}
     inputs = collect_inputs([folder])[rank::world]
     done = []
     job = FolderJob(
@@ -97,6 +128,8 @@ def worker(model: str, folder: str, out: str, io_threads: int, batch: str, rank:
 
 def point(model: str, folder: Path, path: str, count: int) -> dict:
     io_threads, batch, world = PATHS[path]
+    if path == "video":
+        folder = folder.with_suffix(".mp4")
     procs = []
     with tempfile.TemporaryDirectory() as out:
         for rank in range(world):
@@ -161,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         for spec in args.sets:
             count, side = (int(v) for v in spec.split("x"))
             folder = Path(tmp) / spec
-            make_folder(folder, count, side)
+            pictures = make_folder(folder, count, side)
+            if "video" in args.paths:
+                clip_of(pictures, folder.with_suffix(".mp4"))
             for path in args.paths:
                 runs = [point(args.model, folder, path, count) for _ in range(args.repeats)]
                 best = sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]  # the median run

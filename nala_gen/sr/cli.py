@@ -220,9 +220,10 @@ def upscale(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--io-threads",
-        type=bounded(int, 0, 1),
-        default=1,
-        help="1: decode the next image and encode the last one while the network runs (default); 0: in turn",
+        choices=["auto", "0", "1"],
+        default="auto",
+        help="1: decode the next image and encode the last one while the network runs; 0: one after another; "
+        "auto (default): 1 on a GPU, 0 on the CPU, where the network already keeps every core busy",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
     parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
@@ -289,9 +290,9 @@ def upscale(argv: list[str]) -> int:
     settings.update(tile=args.tile, tile_pad=args.tile_pad, alpha=args.alpha, precision=engine.precision)
     settings.update(memory_budget_mb=args.memory_budget_mb, ext=args.ext, suffix=args.suffix)
     resolved_inputs = {p.resolve() for p in inputs}
-    # Under torchrun (or accelerate launch, srun) each rank takes every WORLD_SIZE-th input of the same sorted list,
+    # Under torchrun (or accelerate launch, srun) each rank takes every world-th input of the same sorted list,
     # so each output is written by exactly one rank and the outputs equal a one-process run's.
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    rank, world, gathers = launcher_rank()
     total = len(inputs)
     inputs = inputs[rank::world]
     show_progress = not args.quiet and sys.stderr.isatty()
@@ -333,7 +334,7 @@ def upscale(argv: list[str]) -> int:
         engine,
         lambda src, img: output_path(src, args, single, output_suffix(src, args.ext, img)),
         outscale=args.outscale,
-        io_threads=args.io_threads,
+        io_threads=int(args.io_threads) if args.io_threads != "auto" else int(engine.device.type != "cpu"),
         manifest=manifest,
         settings=settings,
         skip_existing=args.skip_existing,
@@ -348,7 +349,7 @@ def upscale(argv: list[str]) -> int:
     failures = job.run(inputs)
     for src in videos:
         failures += _upscale_video(engine, src, output_path(src, args, single, src.suffix), args, settings, emit)
-    if world > 1:
+    if world > 1 and gathers:
         failures = _gather_failures(failures, rank, world, total)
     return 1 if failures else 0
 
@@ -399,6 +400,23 @@ def emit(record: dict) -> None:
     """One JSON line on stdout in one write, so the lines of several processes sharing it never interleave."""
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
+
+
+def launcher_rank() -> tuple[int, int, bool]:
+    """(rank, world size, whether the ranks can meet) from the launcher's environment: torchrun and accelerate
+    set RANK and WORLD_SIZE (and a rendezvous address, so rank 0 can sum the failures); Slurm's srun sets
+    SLURM_PROCID and SLURM_NTASKS (each rank then reports only its own images, unless MASTER_ADDR is set too)."""
+    env = os.environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return int(env["RANK"]), int(env["WORLD_SIZE"]), True
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        world = int(env["SLURM_NTASKS"])
+        meets = "MASTER_ADDR" in env and "MASTER_PORT" in env
+        if meets:  # torch.distributed's env:// rendezvous reads these two
+            env.setdefault("RANK", env["SLURM_PROCID"])
+            env.setdefault("WORLD_SIZE", str(world))
+        return int(env["SLURM_PROCID"]), world, meets
+    return 0, 1, False
 
 
 def _gather_failures(failures: int, rank: int, world: int, total: int) -> int:

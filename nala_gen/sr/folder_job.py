@@ -1,8 +1,10 @@
 """Many images through one engine, with the cores kept busy: decode ahead, encode behind, and batches.
 
-``nala-sr upscale`` hands its list of inputs to :class:`FolderJob`. With ``io_threads=1`` (the default) one
-thread decodes the next input and another encodes the previous output while the network runs on the current
-one; with ``io_threads=0`` each image is read, upscaled and written in turn (the engine's own file job). With
+``nala-sr upscale`` hands its list of inputs to :class:`FolderJob`. With ``io_threads=1`` one thread decodes
+the next input and another encodes the previous output while the network runs on the current one; with
+``io_threads=0`` each image is read, upscaled and written in turn (the engine's own file job). The CLI's
+``--io-threads auto`` takes 1 on a GPU, where the host's cores are free while the device computes, and 0 on the
+CPU, where the network's threads already fill every core (``nala-bench upscale-folder``: no gain on 2 cores). With
 an engine whose ``batch`` is above 1, consecutive inputs of one size and no alpha run through the network as one
 batch (:meth:`Upscaler.upscale_group`); tiles of one image are batched by the engine itself.
 
