@@ -292,8 +292,8 @@ def sr_ablation_table() -> str:
     ]
     for e in variants:
         change = ", ".join(f"{k}: {v}" for k, v in e["network_g"].items()) if e["network_g"] else "(the default)"
-        if e["network_g"].get("type") == "ESRT":
-            change = "ESRT"
+        if "type" in e["network_g"]:  # a whole network: ESRT, or a peer from BasicSR
+            change = e["network_g"]["type"] + ("" if e["network_g"]["type"] == "ESRT" else " (BasicSR)")
         spread = f" ± {e['psnr_std']:.2f}" if e.get("psnr_std") is not None else ""
         ssim_spread = f" ± {e['ssim_std']:.4f}" if e.get("ssim_std") is not None else ""
         delta = ""

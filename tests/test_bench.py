@@ -86,6 +86,24 @@ def test_upscale_throughput_bench_writes_consistent_rows(tmp_path):
     assert (tmp_path / "upscale_throughput.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_sr_ablation_peers_are_basicsr_networks_at_their_published_sizes():
+    import torch
+    import yaml
+
+    from nala_gen.bench import sr_ablation
+    from nala_gen.sr.models import build_arch
+
+    base = yaml.safe_load(sr_ablation.BASE_OPTION.read_text())
+    expected = {"srvgg": 1_213_296, "edsr": 1_517_571, "swinir": 929_628}  # 1.21 M, 1.52 M, 0.93 M as published
+    for variant, params in expected.items():
+        network = dict(sr_ablation.ablation_option(base, variant, 1000)["network_g"])
+        assert network == sr_ablation.PEER_NETWORKS[variant]  # the whole network_g replaced, nothing of NaLaSR's
+        net = build_arch(network.pop("type"), network).eval()
+        assert sum(p.numel() for p in net.parameters()) == params
+        with torch.no_grad():
+            assert net(torch.rand(1, 3, 32, 32)).shape == (1, 3, 128, 128)
+
+
 def test_sr_ablation_summary_gives_means_spreads_and_two_standard_errors():
     from nala_gen.bench.sr_ablation import summarise
 
