@@ -187,8 +187,9 @@ def test_record_queries_keys_sees_a_modules_real_queries():
         attn(x, (5, 7))
     attn(x, (5, 7))
     assert len(records) == 1
-    q, k = records[0]
+    q, k = records[0].q, records[0].k
     assert q.shape == k.shape == (2, 2, 35, 8) and not q.requires_grad
+    assert records[0].kernel == "nala"
     # They are the module's own projections: recompute q from the qkv layer.
     expected_q = attn.qkvg(x).reshape(2, 35, 4, 2, 8)[:, :, 0].transpose(1, 2)
     torch.testing.assert_close(q, expected_q.detach())

@@ -153,3 +153,20 @@ def test_sr_ablation_runs_trains_resumes_and_reports_on_a_tiny_budget(tmp_path, 
     assert [p.stat().st_mtime_ns for p in results] == stamps
     assert not (tmp_path / "experiments").exists()
     assert (out / "sr_ablation.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_trained_entropy_scores_nala_with_the_models_own_norm_scale():
+    import numpy as np
+    import torch
+
+    from nala_gen.attention import NaLaAttention, record_queries_keys
+
+    torch.manual_seed(0)
+    attn = NaLaAttention(16, num_heads=2, norm_scale=5.0).eval()
+    with torch.no_grad(), record_queries_keys() as records:
+        attn(3 * torch.randn(1, 35, 16), (5, 7))
+    assert records[0].kernel == "nala" and records[0].options["norm_scale"] == 5.0
+    own = trained_entropy._entropies(records)
+    plain = trained_entropy._entropies([records[0]._replace(options={})])  # as if it were the paper's NaLa
+    assert not np.allclose(own["nala"], plain["nala"])
+    np.testing.assert_allclose(own["relu"], plain["relu"])  # the other kernels do not take the model's options

@@ -15,6 +15,7 @@ import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -36,19 +37,29 @@ DEFAULT_CHUNK = 4096
 _TINY = torch.finfo(torch.float32).tiny
 
 
+class RecordedCall(NamedTuple):
+    """One attention call seen by :func:`record_queries_keys`: (B, heads, N, d) queries and keys, detached and on
+    the CPU, with the kernel and feature-map options the call used (None and {} when the caller did not say)."""
+
+    q: Tensor
+    k: Tensor
+    kernel: str | None = None
+    options: dict = {}
+
+
 # Open recorders of record_queries_keys(); empty outside diagnostics, so the hot path pays one list check.
-_RECORDERS: list[list[tuple[Tensor, Tensor]]] = []
+_RECORDERS: list[list[RecordedCall]] = []
 
 
 @contextmanager
-def record_queries_keys() -> Iterator[list[tuple[Tensor, Tensor]]]:
-    """Collect the (q, k) that every attention call inside the block is given, detached and on the CPU.
+def record_queries_keys() -> Iterator[list[RecordedCall]]:
+    """Collect every attention call inside the block (its q, k, kernel and options; see :class:`RecordedCall`).
 
     Diagnostics use it to read a trained model's real queries and keys (e.g. entropy vs query norm) without
     hooks into each model: :func:`linear_attention` (softmax included) reports them, and custom attentions
     report theirs with :func:`report_queries_keys`.
     """
-    store: list[tuple[Tensor, Tensor]] = []
+    store: list[RecordedCall] = []
     _RECORDERS.append(store)
     try:
         yield store
@@ -56,10 +67,12 @@ def record_queries_keys() -> Iterator[list[tuple[Tensor, Tensor]]]:
         _RECORDERS.remove(store)
 
 
-def report_queries_keys(q: Tensor, k: Tensor) -> None:
-    """Hand (B, heads, N, d) queries and keys to any open :func:`record_queries_keys` block."""
+def report_queries_keys(q: Tensor, k: Tensor, kernel: str | None = None, **options) -> None:
+    """Hand (B, heads, N, d) queries and keys, and the kernel and options used on them (a learned norm scale
+    included), to any open :func:`record_queries_keys` block."""
+    kept = {key: value.detach().cpu() if isinstance(value, Tensor) else value for key, value in options.items()}
     for store in _RECORDERS:
-        store.append((q.detach().cpu(), k.detach().cpu()))
+        store.append(RecordedCall(q.detach().cpu(), k.detach().cpu(), kernel, kept))
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
@@ -124,7 +137,7 @@ def linear_attention(
         (B, heads, N_q, dv) in v's dtype.
     """
     if _RECORDERS:
-        report_queries_keys(q, k)
+        report_queries_keys(q, k, kernel, **kernel_options)
     if kernel in SOFTMAX_KERNELS:
         return softmax_attention(q, k, v, rope)
     _check(q, k, v)

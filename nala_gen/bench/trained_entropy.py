@@ -14,9 +14,15 @@ Pairs (each NaLa model next to its softmax twin, trained identically):
   (every layer, every step, guided and unguided halves).
 
 ESRT's own attention is softmax inside four token segments; here its q and k are scored with softmax over all
-tokens, the global form the other kernels use. Models that are not installed are skipped with a note.
+tokens, the global form the other kernels use. The ``nala`` column of a model that uses NaLa is scored with that
+model's own options (a learned norm scale included), which the recorder hands over with each call; other models'
+queries are scored with the default ``nala``. Models that are not installed are skipped with a note.
 
-    nala-bench trained-entropy [--out benchmarks/results]
+``--ablation-runs nala nala_norm_scale`` adds the seed-0 runs of ``nala-bench sr-ablation`` (1,000 iterations,
+trained identically but for the variant's change) from ``experiments/``: the paired comparison of the paper's
+kernel with the norm-scaled one.
+
+    nala-bench trained-entropy [--models ...] [--ablation-runs nala nala_norm_scale] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -39,16 +45,17 @@ MODELS = {
     "naladit-digits-softmax": ("diffusion", "softmax"),
 }
 SR_SAMPLE = sample_image()
-Records = list[tuple[torch.Tensor, torch.Tensor]]
+Records = list  # of nala_gen.attention.functional.RecordedCall
 
 
-def sr_queries_keys(name: str, crop: int = 48) -> Records:
-    """The (q, k) of every attention call while ``name`` upscales the centre crop x crop of the LR sample."""
+def sr_queries_keys(name: str, crop: int = 48, option: str | None = None) -> Records:
+    """The attention calls while ``name`` (named weights, or a checkpoint with its ``option`` file) upscales the
+    centre crop x crop of the LR sample."""
     from nala_gen.attention import record_queries_keys
     from nala_gen.sr.imageio import read_image
     from nala_gen.sr.models import load_sr_model
 
-    net, _ = load_sr_model(name, 4)
+    net, _ = load_sr_model(name, 4, option)
     img = read_image(SR_SAMPLE)
     top, left = (img.shape[0] - crop) // 2, (img.shape[1] - crop) // 2
     patch = torch.from_numpy(img[top : top + crop, left : left + crop, :3].astype(np.float32) / 255)
@@ -73,7 +80,13 @@ def diffusion_queries_keys(name: str, steps: int = 10, seed: int = 0) -> Records
 def _entropies(records: Records, query_scale: float = 1.0) -> dict[str, np.ndarray]:
     from nala_gen.attention import query_norm_entropy
 
-    parts = [query_norm_entropy(q * query_scale, k, KERNELS) for q, k in records]
+    parts = []
+    for call in records:
+        q = call.q * query_scale
+        part = query_norm_entropy(q, call.k, tuple(k for k in KERNELS if k != "nala"))
+        own = call.options if call.kernel == "nala" else {}  # the model's own NaLa, norm scale and all
+        part.update(query_norm_entropy(q, call.k, ("nala",), **own))
+        parts.append(part)
     return {key: torch.cat([p[key] for p in parts]).numpy() for key in parts[0]}
 
 
@@ -135,14 +148,32 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="nala-bench trained-entropy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument(
+        "--ablation-runs", nargs="*", default=[], metavar="VARIANT", help="seed-0 sr-ablation runs to score too"
+    )
+    parser.add_argument("--ablation-iters", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     torch.manual_seed(0)
+    from nala_gen.bench.sr_ablation import VARIANTS, run_name
+
     results = {}
-    for name in args.models:
-        task, own = MODELS[name]
+    jobs = [(name, *MODELS[name], None, None) for name in args.models]
+    for variant in args.ablation_runs:
+        if variant not in VARIANTS:
+            parser.error(f"unknown ablation variant {variant!r}")
+        run = run_name(variant, args.ablation_iters, 0)
+        checkpoint = Path("experiments") / run / "models" / "net_g_latest.pth"
+        own = "softmax" if variant == "emha" else VARIANTS[variant].get("kernel", "nala")
+        jobs.append((f"ablation {variant}", "sr", own, checkpoint, Path("experiments") / f"{run}.yml"))
+    for name, task, own, checkpoint, option in jobs:
         try:
-            records = sr_queries_keys(name) if task == "sr" else diffusion_queries_keys(name)
+            if checkpoint is not None:
+                if not checkpoint.is_file():
+                    raise WeightsError(f"{checkpoint} not found: run nala-bench sr-ablation first")
+                records = sr_queries_keys(str(checkpoint), option=str(option))
+            else:
+                records = sr_queries_keys(name) if task == "sr" else diffusion_queries_keys(name)
         except WeightsError as err:
             print(f"skipped {name}: {err}")
             continue
