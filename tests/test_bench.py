@@ -94,10 +94,16 @@ def test_sr_ablation_peers_are_basicsr_networks_at_their_published_sizes():
     from nala_gen.sr.models import build_arch
 
     base = yaml.safe_load(sr_ablation.BASE_OPTION.read_text())
-    expected = {"srvgg": 1_213_296, "edsr": 1_517_571, "swinir": 929_628}  # 1.21 M, 1.52 M, 0.93 M as published
+    from nala_gen.sr.peers import peer_network
+
+    # 1.21 M, 1.52 M, 0.93 M, 16.7 M as published
+    expected = {"srvgg": 1_213_296, "edsr": 1_517_571, "swinir": 929_628, "rrdb": 16_697_987}
     for variant, params in expected.items():
-        network = dict(sr_ablation.ablation_option(base, variant, 1000)["network_g"])
-        assert network == sr_ablation.PEER_NETWORKS[variant]  # the whole network_g replaced, nothing of NaLaSR's
+        if variant == "rrdb":  # on the board for speed only: too slow to train here
+            network = peer_network("rrdb")
+        else:
+            network = dict(sr_ablation.ablation_option(base, variant, 1000)["network_g"])
+            assert network == peer_network(variant)  # the whole network_g replaced, nothing of NaLaSR's
         net = build_arch(network.pop("type"), network).eval()
         assert sum(p.numel() for p in net.parameters()) == params
         with torch.no_grad():
@@ -170,3 +176,29 @@ def test_trained_entropy_scores_nala_with_the_models_own_norm_scale():
     plain = trained_entropy._entropies([records[0]._replace(options={})])  # as if it were the paper's NaLa
     assert not np.allclose(own["nala"], plain["nala"])
     np.testing.assert_allclose(own["relu"], plain["relu"])  # the other kernels do not take the model's options
+
+
+def test_flop_count_matches_a_hand_count_for_one_conv_layer():
+    import torch
+
+    from nala_gen.bench.sr_scaling import flops_of
+
+    conv = torch.nn.Conv2d(3, 64, 3, padding=1)
+    x = torch.rand(1, 3, 8, 8)
+    _, flops = flops_of(lambda: conv(x))
+    assert flops == 2 * (64 * 8 * 8) * (3 * 3 * 3)  # 2 x (outputs x multiply-adds per output)
+
+
+@pytest.mark.slow
+def test_peer_board_builds_runs_and_reports_every_network_on_a_tiny_size(tmp_path):
+    from nala_gen.bench.sr_scaling import BOARD, peers_main
+
+    assert peers_main(["--sides", "8", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "sr_peers.json").read_text())
+    assert [r["model"] for r in result["rows"]] == list(BOARD)
+    for r in result["rows"]:
+        assert r["status"] == "ok" and not r["tiled"], r
+        assert r["output_megapixels"] == 32**2 / 1e6 and r["gflop_per_mp"] > 0 and r["process_peak_bytes"] > 0
+    params = {m: c["params"] for m, c in result["costs"].items()}
+    assert params["rrdb"] > 10 * params["nalasr"] and 1.2e6 < params["srvgg"] < 1.22e6
+    assert (tmp_path / "sr_peers.png").read_bytes()[:4] == b"\x89PNG"

@@ -4,6 +4,7 @@ nala-bench attention   latency and memory vs tokens for each kernel (fresh proce
 nala-bench entropy     attention entropy vs query norm for each kernel (PNG + JSON)
 nala-bench trained-entropy   the same on trained models' own queries and keys, with Spearman correlations
 nala-bench sr          SR models' latency and memory vs tokens (fresh process per point)
+nala-bench peers       NaLaSR beside SRVGGNetCompact, EDSR, SwinIR, RRDBNet: params, FLOPs, MP/s, peak, Pareto
 nala-bench upscale     nala-sr upscale end to end: output megapixels per second and memory (fresh process per point)
 nala-bench upscale-memory   nala-sr upscale's process peak memory against its --memory-budget-mb (fresh processes)
 nala-bench upscale-folder   folder jobs: images/s sequential, pipelined, batched and in two processes
@@ -51,6 +52,7 @@ COMMANDS = {
     "attention": "nala_gen.bench.attention_scaling",
     "trained-entropy": "nala_gen.bench.trained_entropy",
     "sr": "nala_gen.bench.sr_scaling",
+    "peers": "nala_gen.bench.sr_scaling:peers_main",
     "sr-ablation": "nala_gen.bench.sr_ablation",
     "upscale": "nala_gen.bench.upscale_throughput",
     "upscale-memory": "nala_gen.bench.upscale_memory",
@@ -66,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if argv[0] == "entropy":
         return entropy(argv[1:])
-    return importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])
+    module, _, function = COMMANDS[argv[0]].partition(":")
+    return getattr(importlib.import_module(module), function or "main")(argv[1:])
 
 
 if __name__ == "__main__":

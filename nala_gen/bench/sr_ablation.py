@@ -35,46 +35,10 @@ from pathlib import Path
 
 import yaml
 
+from nala_gen.sr.peers import PEERS, peer_network
+
 BASE_OPTION = Path("options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml")
 ESRT_NETWORK = {"type": "ESRT", "upscale": 4, "num_feat": 32, "num_block": 3, "num_et": 1, "num_heads": 8}
-# The peers people run, as BasicSR 1.4.2 ships them, at their papers' light x4 settings (issue 20's board):
-# Real-ESRGAN's compact net (1.21 M), EDSR-baseline (1.52 M), SwinIR-light (0.93 M; img_size = the LR patch).
-PEER_NETWORKS = {
-    "srvgg": {
-        "type": "SRVGGNetCompact",
-        "num_in_ch": 3,
-        "num_out_ch": 3,
-        "num_feat": 64,
-        "num_conv": 32,
-        "upscale": 4,
-        "act_type": "prelu",
-    },
-    "edsr": {
-        "type": "EDSR",
-        "num_in_ch": 3,
-        "num_out_ch": 3,
-        "num_feat": 64,
-        "num_block": 16,
-        "upscale": 4,
-        "res_scale": 1,
-        "img_range": 255.0,
-        "rgb_mean": [0.4488, 0.4371, 0.4040],
-    },
-    "swinir": {
-        "type": "SwinIR",
-        "upscale": 4,
-        "in_chans": 3,
-        "img_size": 32,
-        "window_size": 8,
-        "img_range": 1.0,
-        "depths": [6, 6, 6, 6],
-        "embed_dim": 60,
-        "num_heads": [6, 6, 6, 6],
-        "mlp_ratio": 2,
-        "upsampler": "pixelshuffledirect",
-        "resi_connection": "1conv",
-    },
-}
 # variant -> network_g fields it changes (a "type" replaces the whole network_g)
 VARIANTS: dict[str, dict] = {
     "nala": {},
@@ -90,7 +54,7 @@ VARIANTS: dict[str, dict] = {
     "no_rope": {"rope": False},
     "no_lepe": {"lepe": False},
     "no_gate": {"gate": False},
-    **PEER_NETWORKS,
+    **{name: peer_network(name) for name in PEERS},  # whole networks: the peer board's, trained the same way
 }
 DEFAULT_VARIANTS = ("nala", "nala_norm_scale", "emha", "relu", "elu1", "focused", "no_rope", "no_lepe", "no_gate")
 DEFAULT_SEEDS = (0, 1, 2)

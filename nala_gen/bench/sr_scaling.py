@@ -1,4 +1,11 @@
-"""Super-resolution cost against LR size: NaLaSR-light, ESRT and SwinIR-light, each point a fresh process.
+"""Super-resolution cost: against LR size (``nala-bench sr``), and NaLaSR among its peers (``nala-bench peers``).
+
+``nala-bench sr`` sweeps NaLaSR-light, ESRT and SwinIR-light over LR sizes (tokens), each point a fresh process.
+``nala-bench peers`` (:func:`peers_main`) puts NaLaSR and ESRT beside the networks people run, as BasicSR ships
+them: Real-ESRGAN's SRVGGNetCompact, EDSR-baseline, SwinIR-light and RRDBNet (ESRGAN), at 0.25, 1 and 4 output
+megapixels: parameters, FLOPs per output megapixel, seconds, MP/s, achieved GFLOP/s and the process's peak
+memory; a network that cannot run whole within the cap is run tiled by the upscaling engine and marked so; a
+Pareto plot against the equal-budget PSNR of ``nala-bench sr-ablation`` where a network has one.
 
 Batch 1, fp32, x4, random input (cost does not depend on content), weights random (cost does not depend on them
 either). Each worker caps its memory (``RLIMIT_DATA``, default 16 GiB of this machine's 24) so a configuration
@@ -23,23 +30,26 @@ import torch
 
 from nala_gen.bench.common import limit_memory, machine_info, run_worker, write_cost_results
 from nala_gen.profiling import PeakMemory
+from nala_gen.sr.peers import PEERS, peer_network
 
 SIZES = ("64x64", "128x128", "192x192", "256x280", "320x320")
 MODELS = ("nalasr", "esrt", "swinir")
+BOARD = ("nalasr", "esrt", "srvgg", "edsr", "swinir", "rrdb")  # nala-bench peers
+PEER_SIDES = (125, 250, 500)  # square LR inputs: 0.25, 1 and 4 megapixels out at x4
 FLOPS_SIZE = (64, 64)
 
 
-# SwinIR-light as in its paper and BasicSR's options (SwinIR ships inside basicsr).
-SWINIR_LIGHT = {
-    "in_chans": 3, "img_size": 64, "window_size": 8, "img_range": 1.0, "depths": [6, 6, 6, 6], "embed_dim": 60,
-    "num_heads": [6, 6, 6, 6], "mlp_ratio": 2, "upsampler": "pixelshuffledirect", "resi_connection": "1conv",
-}  # fmt: skip
-ARCHS = {"nalasr": ("NaLaSR", {}), "esrt": ("ESRT", {}), "swinir": ("SwinIR", SWINIR_LIGHT)}
+ARCHS = {"nalasr": ("NaLaSR", {}), "esrt": ("ESRT", {}), **PEERS}
+# the sr-ablation variant that trains each network on the equal budget (its PSNR goes on the Pareto plot)
+ABLATION_VARIANT = {"nalasr": "nala", "esrt": "emha", "srvgg": "srvgg", "edsr": "edsr", "swinir": "swinir"}
 
 
 def build(model: str, scale: int = 4) -> torch.nn.Module:
     from nala_gen.sr.models import build_arch
 
+    if model in PEERS:
+        network = peer_network(model, scale)
+        return build_arch(network.pop("type"), network)
     arch, config = ARCHS[model]
     return build_arch(arch, {**config, "upscale": scale})
 
@@ -154,6 +164,146 @@ def main(argv: list[str] | None = None) -> int:
         f"Super-resolution cost vs input size on {where} (fresh process per point)",
         "s",
     )
+    return 0
+
+
+def flops_of(fn):
+    """(fn(), FLOPs it ran): ``torch.utils.flop_counter`` counts 2 x multiply-adds of convolutions, matmuls and
+    attention; elementwise work is not counted."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        result = fn()
+    return result, counter.get_total_flops()
+
+
+def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool) -> dict:
+    """One network at one LR side in this (fresh) process: whole-image forward (channels-last, as the engine
+    runs it), or the engine's auto tiles within a 4 GiB budget; FLOPs counted on the first (untimed) pass."""
+    import resource
+
+    limit_memory(mem_limit)
+    torch.manual_seed(0)
+    net = build(model).eval().to(memory_format=torch.channels_last)
+    x = padded_input(model, side, side).contiguous(memory_format=torch.channels_last)
+    with torch.inference_mode():
+        if tiled:
+            import numpy as np
+
+            from nala_gen.sr.upscaler import Upscaler
+
+            engine = Upscaler(net, 4, "cpu", memory_budget=4 * 2**30)
+            img = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
+            (_, first), flops = flops_of(lambda: engine.upscale(img))
+            runs = [engine.upscale(img)[1].latency_s for _ in range(repeats)]
+            tiles = first.tiles
+        else:
+            _, flops = flops_of(lambda: net(x))  # warm-up and the FLOP count
+            runs = [_timed(net, x) for _ in range(repeats)]
+            tiles = 1
+    latency = statistics.median(runs)
+    out_mp = (side * 4) ** 2 / 1e6
+    return {
+        "status": "ok",
+        "latency_s": latency,
+        "runs_s": runs,
+        "output_megapixels": out_mp,
+        "megapixels_per_s": out_mp / latency,
+        "gflop_per_mp": flops / 1e9 / out_mp,
+        "gflops_achieved": flops / 1e9 / latency,
+        "process_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "tiled": tiled,
+        "tiles": tiles,
+    }
+
+
+def ablation_psnr(path: Path) -> dict[str, tuple[float, float | None, int]]:
+    """network -> (mean PSNR, sd, seeds) of its equal-budget sr-ablation runs, where there are any."""
+    if not path.is_file():
+        return {}
+    data = json.loads(path.read_text())
+    by_variant = {v["variant"]: v for v in data.get("variants", [])}
+    return {
+        model: (by_variant[v]["psnr"], by_variant[v]["psnr_std"], len(by_variant[v]["seeds"]))
+        for model, v in ABLATION_VARIANT.items()
+        if v in by_variant
+    }
+
+
+def plot_pareto(rows: list[dict], psnr: dict, path: Path) -> None:
+    """PSNR (equal-budget ablation) against output MP/s at 1 MP; networks without a PSNR are listed aside."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    at_1mp = {r["model"]: r for r in rows if r["status"] == "ok" and round(r["output_megapixels"]) == 1}
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=110)
+    missing = []
+    for model, r in at_1mp.items():
+        if model not in psnr:
+            missing.append(model)
+            continue
+        mean, sd, _ = psnr[model]
+        ax.errorbar(r["megapixels_per_s"], mean, yerr=sd or 0, fmt="o", capsize=3)
+        ax.annotate(model, (r["megapixels_per_s"], mean), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("output MP/s at 1 MP out (this CPU, fp32)")
+    ax.set_ylabel("PSNR-Y, mini val, x4, equal budget (dB)")
+    note = f"; no equal-budget PSNR yet: {', '.join(missing)}" if missing else ""
+    ax.set_title(f"Quality against speed{note}", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def peers_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nala-bench peers", description="NaLaSR among the SR networks people use.")
+    parser.add_argument("--models", nargs="+", default=list(BOARD), choices=list(ARCHS))
+    parser.add_argument("--sides", nargs="+", type=int, default=list(PEER_SIDES), help="square LR sides")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--mem-limit-gb", type=float, default=16.0, help="memory cap per worker (GiB)")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per point")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SIDE", "TILED"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    limit = int(args.mem_limit_gb * 2**30)
+    if args.worker:
+        model, side, tiled = args.worker
+        print(json.dumps(peer_worker(model, int(side), args.repeats, limit, tiled == "1")))
+        return 0
+    costs = {}
+    for model in args.models:
+        net = build(model)
+        costs[model] = {"arch": ARCHS[model][0], "params": sum(p.numel() for p in net.parameters())}
+    rows = []
+    for side in args.sides:
+        for model in args.models:
+            result = {}
+            for tiled in ("0", "1"):  # whole first; tiled only when whole does not fit the cap
+                worker_args = ["peers", "--worker", model, str(side), tiled, "--repeats", str(args.repeats)]
+                worker_args += ["--mem-limit-gb", str(args.mem_limit_gb)]
+                result = run_worker("nala_gen.bench.cli", worker_args, timeout=args.timeout)
+                if result["status"] != "oom":
+                    break
+            row = {"model": model, "lr_side": side, **costs[model], **result}
+            rows.append(row)
+            shown = (
+                f"{row['latency_s']:7.2f} s  {row['megapixels_per_s']:.3f} MP/s  {row['gflop_per_mp']:7.1f} GFLOP/MP  "
+                f"{row['gflops_achieved']:5.1f} GFLOP/s  peak {row['process_peak_bytes'] / 2**20:,.0f} MiB"
+                + (f"  (tiled: {row['tiles']} tiles)" if row["tiled"] else "")
+                if row["status"] == "ok"
+                else f"{row['status']}: {row.get('note', '')[:80]}"
+            )
+            print(f"{model:<7} {side:>4}² LR  {shown}", flush=True)
+    psnr = ablation_psnr(args.out / "sr_ablation.json")
+    result = {"machine": machine_info("cpu"), "scale": 4, "repeats": args.repeats, "mem_limit_bytes": limit}
+    result.update(costs=costs, rows=rows, ablation_psnr=psnr)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sr_peers.json").write_text(json.dumps(result, indent=1))
+    plot_pareto(rows, psnr, args.out / "sr_peers.png")
+    print(f"wrote {args.out / 'sr_peers.json'} and {args.out / 'sr_peers.png'}")
     return 0
 
 
