@@ -276,8 +276,8 @@ def trained_entropy_table() -> str:
     return "\n".join(lines)
 
 
-def sr_ablation_table() -> str:
-    data = json.loads((RESULTS / "sr_ablation.json").read_text())
+def sr_ablation_table(name: str = "sr_ablation.json") -> str:
+    data = json.loads((RESULTS / name).read_text())
     bic = data["bicubic"]
     variants = data.get("variants") or [{**r, "seeds": [r.get("seed", 0)], "psnr_std": None} for r in data["runs"]]
     lines = [
@@ -335,6 +335,51 @@ def upscale_folder_table() -> str:
     return "\n".join(lines)
 
 
+def sr_peers_table() -> str:
+    data = json.loads((RESULTS / "sr_peers.json").read_text())
+    machine = data["machine"]
+    psnr = data.get("ablation_psnr", {})
+    lines = [
+        f"x4, fp32, batch 1, channels-last, random weights (speed and memory do not depend on them), whole-image "
+        f"forward unless marked tiled (the engine's auto tiles, 4 GiB budget); median of {data['repeats']} runs "
+        f"after an untimed pass that also counts the FLOPs; fresh process per point, process peak = its "
+        f"`ru_maxrss` (libraries included); {machine['cpu_count']} cores, torch {machine['torch']}.",
+        "",
+        "| network | params | GFLOP per MP out | LR in → MP out | s | MP/s | GFLOP/s | process peak |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        cost = data["costs"][r["model"]]
+        name = f"{r['model']} ({cost['arch']})"
+        if r["status"] != "ok":
+            why = r.get("note", r["status"])
+            lines.append(row(name, f"{cost['params'] / 1e6:.2f} M", "", f"{r['lr_side']}²", why, "", "", ""))
+            continue
+        tiled = f" (tiled, {r['tiles']})" if r["tiled"] else ""
+        lines.append(
+            row(
+                name,
+                f"{cost['params'] / 1e6:.2f} M",
+                f"{r['gflop_per_mp']:,.0f}",
+                f"{r['lr_side']}² → {r['output_megapixels']:.2f}",
+                f"{r['latency_s']:.2f}{tiled}",
+                f"{r['megapixels_per_s']:.3f}",
+                f"{r['gflops_achieved']:.0f}",
+                f"{r['process_peak_bytes'] / 2**20:,.0f} MiB",
+            )
+        )
+    if psnr:
+        lines += [
+            "",
+            "Equal-budget PSNR on the Pareto plot (from sr_ablation.json): "
+            + ", ".join(
+                f"{m} {p:.2f}" + (f" ± {sd:.2f}" if sd else "") + f" dB ({n} seed{'s' if n > 1 else ''})"
+                for m, (p, sd, n) in psnr.items()
+            ),
+        ]
+    return "\n".join(lines)
+
+
 def digits_quality_table() -> str:
     data = json.loads((RESULTS / "digits_quality.json").read_text())
     lines = [
@@ -366,8 +411,10 @@ TABLES = {
     "upscale throughput": upscale_table,
     "upscale memory": upscale_memory_table,
     "upscale folder": upscale_folder_table,
+    "sr peers": sr_peers_table,
     "trained entropy": trained_entropy_table,
     "sr ablation": sr_ablation_table,
+    "sr ablation, 500 iterations (key map)": lambda: sr_ablation_table("sr_ablation_500it.json"),
     "digits quality": digits_quality_table,
 }
 

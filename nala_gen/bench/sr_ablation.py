@@ -58,11 +58,17 @@ VARIANTS: dict[str, dict] = {
 }
 DEFAULT_VARIANTS = ("nala", "nala_norm_scale", "emha", "relu", "elu1", "focused", "no_rope", "no_lepe", "no_gate")
 DEFAULT_SEEDS = (0, 1, 2)
+DEFAULT_ITERS = 1000
 REFERENCE = "nala"  # the variant every other one is compared with
 # The short-run schedule, fixed here rather than scaled from the base file so a longer shipped run does not move it.
 MILESTONE_FRACTIONS = (1 / 2, 3 / 4, 11 / 12)
 VAL_DATA = Path("datasets/mini/val")
 LEDGER = Path("benchmarks/results/sr_ablation_runs")  # one committed JSON row per finished run
+
+
+def summary_stem(iters: int) -> str:
+    """The summary's file name: ``sr_ablation`` for the default budget, ``sr_ablation_<iters>it`` for others."""
+    return "sr_ablation" if iters == DEFAULT_ITERS else f"sr_ablation_{iters}it"
 
 
 def run_name(variant: str, iters: int, seed: int = 0) -> str:
@@ -223,7 +229,7 @@ def plot(summary: list[dict], bicubic: float, iters: int, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nala-bench sr-ablation", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iters", type=int, default=1000, help="training iterations per run")
+    parser.add_argument("--iters", type=int, default=DEFAULT_ITERS, help="training iterations per run")
     parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS), help="seeds of each variant")
     parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--report-only", action="store_true", help="summarise finished runs; train nothing")
@@ -259,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
         "runs": rows,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sr_ablation.json").write_text(json.dumps(summary, indent=1))
-    plot(stats, summary["bicubic"]["psnr"], args.iters, args.out / "sr_ablation.png")
-    print(f"wrote {args.out / 'sr_ablation.json'} and {args.out / 'sr_ablation.png'}")
+    stem = summary_stem(args.iters)
+    (args.out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
+    plot(stats, summary["bicubic"]["psnr"], args.iters, args.out / f"{stem}.png")
+    print(f"wrote {args.out / stem}.json and .png")
     return 0
