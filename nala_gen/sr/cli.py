@@ -310,25 +310,18 @@ def upscale(argv: list[str]) -> int:
         print(f"nala-sr upscale: redoing {item.dst}: {why}", file=sys.stderr)
 
     def failed(src, reason: str) -> None:
-        print(f"nala-sr upscale: error: {src}: {reason}", file=sys.stderr)
-        if args.json:
-            emit({"input": str(src), "status": "error", "error": reason})
+        _report_error(args, src, reason)
 
     def done(item, readout) -> None:
-        src, dst = item.src, item.dst
-        if args.json:
-            emit({"input": str(src), "output": str(dst), "status": "ok", "model": info["name"], **readout.as_dict()})
-        elif args.report:
-            print(
-                f"{src} -> {dst}: {readout.input_size[0]}x{readout.input_size[1]} -> "
-                f"{readout.output_size[0]}x{readout.output_size[1]}, {readout.latency_s:.2f} s, "
-                f"peak {readout.peak_mem_bytes / 2**20:.0f} MiB (process {readout.process_peak_bytes / 2**20:.0f} MiB, "
-                f"estimate {readout.estimate_bytes / 2**20:.0f} MiB{', PNG streamed' if readout.streamed else ''}), "
-                f"{readout.tokens:,} tokens/pass, {readout.tiles} tile(s), batch {readout.batch}, "
-                f"{readout.device} {readout.precision}"
-            )
-        elif not args.quiet:
-            print(dst)
+        summary = (
+            f"{readout.input_size[0]}x{readout.input_size[1]} -> "
+            f"{readout.output_size[0]}x{readout.output_size[1]}, {readout.latency_s:.2f} s, "
+            f"peak {readout.peak_mem_bytes / 2**20:.0f} MiB (process {readout.process_peak_bytes / 2**20:.0f} MiB, "
+            f"estimate {readout.estimate_bytes / 2**20:.0f} MiB{', PNG streamed' if readout.streamed else ''}), "
+            f"{readout.tokens:,} tokens/pass, {readout.tiles} tile(s), batch {readout.batch}, "
+            f"{readout.device} {readout.precision}"
+        )
+        _report_done(args, item.src, item.dst, info["name"], readout, summary)
 
     job = FolderJob(
         engine,
@@ -348,13 +341,13 @@ def upscale(argv: list[str]) -> int:
     )
     failures = job.run(inputs)
     for src in videos:
-        failures += _upscale_video(engine, src, output_path(src, args, single, src.suffix), args, settings, emit)
+        failures += _upscale_video(engine, src, output_path(src, args, single, src.suffix), args, settings)
     if world > 1 and gathers:
         failures = _gather_failures(failures, rank, world, total)
     return 1 if failures else 0
 
 
-def _upscale_video(engine, src: Path, dst: Path, args: argparse.Namespace, settings: dict, emit) -> int:
+def _upscale_video(engine, src: Path, dst: Path, args: argparse.Namespace, settings: dict) -> int:
     """One video through the engine (nala_gen.sr.video); returns 1 when it failed (said in one line), else 0."""
     from .video import VideoError, upscale_video
 
@@ -377,23 +370,33 @@ def _upscale_video(engine, src: Path, dst: Path, args: argparse.Namespace, setti
             max_pixels=args.max_pixels,
         )
     except (VideoError, ValueError, RuntimeError, OSError) as err:
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        print(f"nala-sr upscale: error: {src}: {reason}", file=sys.stderr)
-        if args.json:
-            emit({"input": str(src), "status": "error", "error": reason})
+        _report_error(args, src, str(err).splitlines()[0] if str(err) else type(err).__name__)
         return 1
+    summary = (
+        f"{readout.frames} frames {readout.input_size[0]}x{readout.input_size[1]} -> "
+        f"{readout.output_size[0]}x{readout.output_size[1]} at {readout.rate} fps, "
+        f"{readout.frames_per_s:.2f} frames/s, {readout.chunks} chunk(s) ({readout.chunks_reused} reused), "
+        f"audio: {', '.join(readout.audio) or 'none'}"
+    )
+    _report_done(args, src, dst, settings["model"], readout, summary)
+    return 0
+
+
+def _report_error(args: argparse.Namespace, src: Path, reason: str) -> None:
+    """One failed input: a line on stderr, and a JSON record with --json."""
+    print(f"nala-sr upscale: error: {src}: {reason}", file=sys.stderr)
     if args.json:
-        emit({"input": str(src), "output": str(dst), "status": "ok", "model": settings["model"], **readout.as_dict()})
+        emit({"input": str(src), "status": "error", "error": reason})
+
+
+def _report_done(args: argparse.Namespace, src: Path, dst: Path, model: str, readout, summary: str) -> None:
+    """One finished input: its JSON record (--json), its readout line (--report), or its output path."""
+    if args.json:
+        emit({"input": str(src), "output": str(dst), "status": "ok", "model": model, **readout.as_dict()})
     elif args.report:
-        print(
-            f"{src} -> {dst}: {readout.frames} frames {readout.input_size[0]}x{readout.input_size[1]} -> "
-            f"{readout.output_size[0]}x{readout.output_size[1]} at {readout.rate} fps, "
-            f"{readout.frames_per_s:.2f} frames/s, {readout.chunks} chunk(s) ({readout.chunks_reused} reused), "
-            f"audio: {', '.join(readout.audio) or 'none'}"
-        )
+        print(f"{src} -> {dst}: {summary}")
     elif not args.quiet:
         print(dst)
-    return 0
 
 
 def emit(record: dict) -> None:
