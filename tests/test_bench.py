@@ -144,7 +144,7 @@ def test_sr_ablation_runs_trains_resumes_and_reports_on_a_tiny_budget(tmp_path, 
     out = tmp_path / "results"
     argv = ["--iters", "2", "--seeds", "0", "1", "--variants", "nala", "relu", "--out", str(out)]
     assert sr_ablation.main(argv) == 0
-    summary = json.loads((out / "sr_ablation.json").read_text())
+    summary = json.loads((out / "sr_ablation_2it.json").read_text())  # a budget other than the default: named
     assert {(r["variant"], r["seed"]) for r in summary["runs"]} == {("nala", 0), ("nala", 1), ("relu", 0), ("relu", 1)}
     relu = next(e for e in summary["variants"] if e["variant"] == "relu")
     assert relu["seeds"] == [0, 1] and relu["psnr_std"] is not None and "beyond_two_se" in relu
@@ -158,7 +158,7 @@ def test_sr_ablation_runs_trains_resumes_and_reports_on_a_tiny_budget(tmp_path, 
     assert sr_ablation.main(argv) == 0
     assert [p.stat().st_mtime_ns for p in results] == stamps
     assert not (tmp_path / "experiments").exists()
-    assert (out / "sr_ablation.png").read_bytes()[:4] == b"\x89PNG"
+    assert (out / "sr_ablation_2it.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_trained_entropy_scores_nala_with_the_models_own_norm_scale():
