@@ -8,6 +8,12 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 
 
+def cores(machine: dict) -> str:
+    """'2 cores' and, where the result file names it, the processor (older files do not)."""
+    cpu = machine.get("cpu")
+    return f"{machine['cpu_count']} cores" + (f" of an {cpu}" if cpu else "")
+
+
 def row(*cells) -> str:
     """One markdown table row."""
     return "| " + " | ".join(str(c) for c in cells) + " |"
@@ -21,7 +27,7 @@ def attention_table() -> str:
     sizes = list(dict.fromkeys(r["tokens"] for r in rows))
     lines = [
         f"Median of {data['repeats']} warm runs after one cold run (which gives the memory), each configuration in a "
-        f"fresh process; {machine['cpu_count']} cores, "
+        f"fresh process; {cores(machine)}, "
         f"torch {machine['torch']}; `torch.mm` fp32 {machine['mm_gflops']:.0f} GFLOP/s and copy "
         f"{machine['copy_gbps']:.1f} GB/s (read + write) measured in the same run.",
         "",
@@ -311,7 +317,7 @@ def upscale_folder_table() -> str:
     data = json.loads((RESULTS / "upscale_folder.json").read_text())
     machine = data["machine"]
     lines = [
-        f"`{data['model']}`, x4, PNG in and out, `--tile auto` (4 GiB budget); {machine['cpu_count']} cores, torch "
+        f"`{data['model']}`, x4, PNG in and out, `--tile auto` (4 GiB budget); {cores(machine)}, torch "
         f"{machine['torch']}; median of {data['repeats']} runs, fresh processes, warm-up untimed.",
         "",
         "| images | path | threads × processes | wall | images/s | vs sequential | largest batch |",
@@ -343,7 +349,7 @@ def sr_peers_table() -> str:
         f"x4, fp32, batch 1, channels-last, random weights (speed and memory do not depend on them), whole-image "
         f"forward unless marked tiled (the engine's auto tiles, 4 GiB budget); median of {data['repeats']} runs "
         f"after an untimed pass that also counts the FLOPs; fresh process per point, process peak = its "
-        f"`ru_maxrss` (libraries included); {machine['cpu_count']} cores, torch {machine['torch']}.",
+        f"`ru_maxrss` (libraries included); {cores(machine)}, torch {machine['torch']}.",
         "",
         "| network | params | GFLOP per MP out | LR in → MP out | s | MP/s | GFLOP/s | process peak |",
         "|---|---|---|---|---|---|---|---|",

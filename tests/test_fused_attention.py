@@ -101,7 +101,7 @@ def test_strided_projections_as_the_module_passes_them(monkeypatch):
 
 
 @pytest.mark.parametrize("where", ["queries", "keys"])
-@pytest.mark.parametrize("magnitude", [0.0, 1e-30, 1e30])
+@pytest.mark.parametrize("magnitude", [0.0, 1e-30, 5e3, 1e30])
 def test_zero_tiny_and_huge_vectors(monkeypatch, where, magnitude):
     torch.manual_seed(3)
     q, k, v = torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 8)
@@ -119,6 +119,17 @@ def test_zero_tiny_and_huge_vectors(monkeypatch, where, magnitude):
     assert torch.allclose(out_f, out_e, rtol=1e-5, atol=1e-6), (out_f - out_e).abs().max()
     # Each row of weights is a distribution, so outputs stay within the values' range.
     assert out_f.abs().max() <= v.abs().max() + 1e-5
+
+
+def test_key_pass_reports_each_heads_largest_key_component():
+    # The overflow check of the raw key power reads this instead of making a pass over the keys of its own.
+    torch.manual_seed(6)
+    q, v = torch.randn(2, 3, 70, 16), torch.randn(2, 3, 70, 8)
+    k = torch.randn(2, 3, 70, 12) * torch.tensor([1.0, 10.0, 1e4]).view(1, 3, 1, 1)
+    k[1, 2, 69, 11] = -3e4  # the last, partial tile; a negative component
+    empty = torch.empty(0)
+    *_, key_max = fused._op.forward(q[..., :12], k, v, empty, empty, torch.ones(3), 3.0, 0.5, 1.0, True, 0.0)
+    assert torch.equal(key_max, k.abs().amax(dim=(-2, -1)).reshape(-1))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -1,10 +1,11 @@
-"""The norm scale (our extension): p = lam * (tau + tanh(|q| / gamma)), fixed or learned per head."""
+"""The norm scale (our extension): p = lam * (tau + tanh(|q| / gamma)), fixed, learned or tracked per head."""
 
 import pytest
 import torch
 
 from nala_gen.attention import NaLaAttention, attention_weights, linear_attention, reference_attention
 from nala_gen.attention.diagnostics import attention_entropy
+from nala_gen.attention.modules import TRACKED_NORM_MOMENTUM, TRACKED_NORM_RATIO
 
 GAMMAS = [4.0, torch.tensor([0.5, 3.0, 7.0]).view(3, 1, 1)]  # one number; one per head (3 heads)
 
@@ -60,7 +61,7 @@ def test_a_bad_norm_scale_is_refused(bad):
     q, k, v = qkv()
     with pytest.raises(ValueError, match="norm_scale must be a positive number"):
         linear_attention(q, k, v, norm_scale=bad)
-    with pytest.raises(ValueError, match="norm_scale must be None, a positive number or 'learned'"):
+    with pytest.raises(ValueError, match="norm_scale must be None, a positive number, 'learned' or 'tracked'"):
         NaLaAttention(32, 4, norm_scale=bad if bad == bad else "sometimes")  # NaN never equals itself
     with pytest.raises(ValueError, match="not of 'relu'"):
         NaLaAttention(32, 4, kernel="relu", norm_scale=2.0)
@@ -88,12 +89,41 @@ def test_a_learned_gamma_starts_at_the_median_query_norm_and_learns():
     torch.testing.assert_close(fresh.log_norm_scale, attn.log_norm_scale)
 
 
+def test_a_tracked_gamma_follows_the_median_query_norm_and_is_not_trained():
+    torch.manual_seed(1)
+    attn = NaLaAttention(32, 4, norm_scale="tracked")
+    assert not any(name.endswith("log_norm_scale") for name, _ in attn.named_parameters())
+
+    def medians(x):
+        q = attn.qkvg(x)[..., :32].unflatten(-1, (4, 8))
+        return q.norm(dim=-1).permute(2, 0, 1).flatten(1).median(dim=1).values.detach()  # (heads,)
+
+    x1, x2 = torch.randn(2, 30, 32), 3.0 * torch.randn(2, 30, 32)
+    attn.train()
+    attn(x1, hw=(6, 5))  # the first batch sets it: gamma = ratio x median
+    torch.testing.assert_close(attn.log_norm_scale.exp(), TRACKED_NORM_RATIO * medians(x1), rtol=1e-5, atol=1e-6)
+    attn(x2, hw=(6, 5))  # later batches move it by the momentum, in log space
+    expected = torch.lerp(
+        (TRACKED_NORM_RATIO * medians(x1)).log(), (TRACKED_NORM_RATIO * medians(x2)).log(), TRACKED_NORM_MOMENTUM
+    )
+    torch.testing.assert_close(attn.log_norm_scale, expected, rtol=1e-5, atol=1e-6)
+    attn.eval()  # frozen in evaluation: a batch of long queries does not move it
+    before = attn.log_norm_scale.clone()
+    attn(10.0 * x2, hw=(6, 5))
+    torch.testing.assert_close(attn.log_norm_scale, before)
+    fresh = NaLaAttention(32, 4, norm_scale="tracked")  # a buffer: saved and restored with the weights
+    fresh.load_state_dict(attn.state_dict())
+    torch.testing.assert_close(fresh.log_norm_scale, before)
+
+
 def test_both_models_take_the_option():
     from nala_gen.diffusion import NaLaDiTTransformer2DModel
     from nala_gen.sr.nalasr_arch import NaLaSR
 
     sr = NaLaSR(num_feat=16, num_block=1, num_heads=4, upscale=2, norm_scale="learned")
     assert any(name.endswith("log_norm_scale") for name, _ in sr.named_parameters())
+    tracked = NaLaSR(num_feat=16, num_block=1, num_heads=4, upscale=2, norm_scale="tracked")
+    assert any(name.endswith("log_norm_scale") for name, _ in tracked.named_buffers())
     dit = NaLaDiTTransformer2DModel.from_size(
         "tiny", sample_size=8, in_channels=1, num_classes=3, attention_norm_scale=3.0
     )

@@ -144,11 +144,12 @@ def linear_attention(
     if compile is None:
         compile = os.environ.get("NALA_GEN_COMPILE", "0").lower() in ("1", "true", "yes")
     spec = kernel_spec(kernel)
-    k = safe_keys(kernel, k, **kernel_options)
     eps_total = spec.denominator_eps * k.shape[-2]
     # The fused op beats the compiled map on a CPU too, so it runs whenever it can; compile= only shapes the rest.
+    # It checks the keys for overflow itself (see fused.nala_attention).
     if kernel == "nala" and fused.eligible(q, k, v, kernel_options):
         return fused.nala_attention(q, k, v, rope, eps_total, **kernel_options)
+    k = safe_keys(kernel, k, **kernel_options)
     phi = compiled_feature_map(kernel) if compile else spec.features
     kv, k_sum = None, None
     for start in range(0, k.shape[-2], chunk_size):

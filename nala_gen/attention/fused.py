@@ -20,7 +20,15 @@ import os
 import torch
 from torch.autograd.function import once_differentiable
 
-from .kernels import check_norm_scale, nala_features, resolve_angle_scale, resolve_key_map, upcast
+from .kernels import (
+    RAW_KEY_LIMIT,
+    check_norm_scale,
+    nala_features,
+    resolve_angle_scale,
+    resolve_key_map,
+    safe_keys,
+    upcast,
+)
 
 try:
     from nala_gen.attention import _nala_fused as _op
@@ -81,14 +89,16 @@ def eligible(q: Tensor, k: Tensor, v: Tensor, options: dict) -> bool:
 class _FusedNaLa(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total):
-        out, den, state = _op.forward(q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total)
+        """-> out (B, heads, N_q, dv) and key_max (B * heads,): each head's largest |key component|."""
+        out, den, state, key_max = _op.forward(q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total)
         ctx.save_for_backward(q, k, v, cos, sin, gamma, out, den, state)
         ctx.options = (lam, tau, angle_scale, key_raw, eps_total)
-        return out
+        ctx.mark_non_differentiable(key_max)
+        return out, key_max
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad):
+    def backward(ctx, grad, _key_max_grad):
         q, k, v, cos, sin, gamma, out, den, state = ctx.saved_tensors
         gq, gk, gv, g_gamma = _op.backward(grad, q, k, v, cos, sin, gamma, out, den, state, *ctx.options)
         g_gamma = g_gamma.view(q.shape[0], q.shape[1]).sum(0)  # per (batch, head) -> per head
@@ -107,20 +117,30 @@ def _per_head(norm_scale: float | Tensor, heads: int) -> Tensor:
 def nala_attention(
     q: Tensor, k: Tensor, v: Tensor, rope: tuple[Tensor, Tensor] | None, eps_total: float = 0.0, **options
 ) -> Tensor:
-    """The fused op on keys already made safe (:func:`~nala_gen.attention.kernels.safe_keys`); see the module.
+    """The fused op; see the module.
 
     q, k: (B, heads, N, d); v: (B, heads, N_k, dv); rope: (cos, sin) tables (N, d) for the 2d features, or None;
     options: those of :func:`~nala_gen.attention.kernels.nala_features`, with its defaults.
     Returns (B, heads, N_q, dv) in v's dtype.
+
+    Keys whose raw power could overflow are rescaled as the PyTorch path rescales them
+    (:func:`~nala_gen.attention.kernels.safe_keys`), but the check costs no pass of its own: the op reports each
+    head's largest key component from its key pass, and only when one exceeds the limit (rare: trained keys are
+    small) does the call run again on the rescaled keys.
     """
     o = {**NALA_DEFAULTS, **options}
-    key_map = resolve_key_map(o["key_map"])
+    key_raw = resolve_key_map(o["key_map"]) == "raw"
     scale = resolve_angle_scale(o["angle_scale"], q.shape[-1])
     gamma = _per_head(o["norm_scale"], q.shape[1])
     lam, tau = o["lam"], o["tau"]
     empty = torch.empty(0)
     cos, sin = (empty, empty) if rope is None else (rope[0].float().contiguous(), rope[1].float().contiguous())
-    out = _FusedNaLa.apply(
-        upcast(q), upcast(k), upcast(v), cos, sin, gamma, float(lam), float(tau), scale, key_map == "raw", eps_total
+    dtype = v.dtype
+    q, v = upcast(q), upcast(v)
+    run = lambda keys: _FusedNaLa.apply(  # noqa: E731
+        q, upcast(keys), v, cos, sin, gamma, float(lam), float(tau), scale, key_raw, eps_total
     )
-    return out if out.dtype == v.dtype else out.to(v.dtype)
+    out, key_max = run(k)
+    if key_raw and bool((key_max > RAW_KEY_LIMIT).any()):
+        out, _ = run(safe_keys("nala", k, **options))
+    return out if out.dtype == dtype else out.to(dtype)

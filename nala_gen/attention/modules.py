@@ -21,6 +21,12 @@ from .functional import linear_attention
 from .kernels import feature_dim, kernel_names
 from .rope import rope_2d
 
+# norm_scale="tracked": gamma = this ratio times a head's median query norm, so the typical query sits at
+# |q| / gamma = 0.5 (tanh' = 0.79 there) and doubling it still moves the power (to tanh 1 = 0.76 from 0.46).
+TRACKED_NORM_RATIO = 2.0
+# Weight of each training batch's median in the running average (a half-life of about 14 batches).
+TRACKED_NORM_MOMENTUM = 0.05
+
 Tensor = torch.Tensor
 Grid = tuple[int, int]
 
@@ -72,7 +78,11 @@ class NaLaAttention(nn.Module):
             by construction (``gamma = exp(rho)``). A learned gamma starts at each head's median query norm in the
             first training batch (so ``|q| / gamma`` starts in tanh's sensitive range, not in its saturation) and
             is then trained with the rest; ``lam`` stays fixed. Until that first batch (a model only ever
-            evaluated) it is 1.
+            evaluated) it is 1. ``"tracked"`` is not trained: gamma follows each head's median query norm times
+            :data:`TRACKED_NORM_RATIO` (a running average over training batches, kept as a buffer and frozen in
+            eval mode, like BatchNorm's statistics), so the typical query sits at ``|q| / gamma = 0.5`` however
+            the norms drift in training, and a learned gamma's way out of the mechanism (queries growing into
+            tanh's saturation) is closed.
     """
 
     def __init__(
@@ -101,19 +111,23 @@ class NaLaAttention(nn.Module):
         self.num_heads = num_heads
         self.kernel = kernel
         self.kernel_options = dict(kernel_options or {})
-        self.log_norm_scale = None
-        if norm_scale is not None:
-            if kernel != "nala":
-                raise ValueError(f"norm_scale is an option of the nala kernel, not of {kernel!r}")
-            if norm_scale == "learned":
-                self.log_norm_scale = nn.Parameter(torch.zeros(num_heads))
-                self.register_buffer("norm_scale_started", torch.tensor(False))
-            elif (
-                isinstance(norm_scale, (int, float)) and not isinstance(norm_scale, bool) and 0 < norm_scale < math.inf
-            ):
+        if norm_scale is not None and kernel != "nala":
+            raise ValueError(f"norm_scale is an option of the nala kernel, not of {kernel!r}")
+        self.norm_scale_mode = norm_scale if norm_scale in ("learned", "tracked") else None
+        if norm_scale == "learned":
+            self.log_norm_scale = nn.Parameter(torch.zeros(num_heads))
+        elif norm_scale == "tracked":
+            self.register_buffer("log_norm_scale", torch.zeros(num_heads))
+        else:
+            self.log_norm_scale = None
+            if isinstance(norm_scale, (int, float)) and not isinstance(norm_scale, bool) and 0 < norm_scale < math.inf:
                 self.kernel_options["norm_scale"] = float(norm_scale)
-            else:
-                raise ValueError(f"norm_scale must be None, a positive number or 'learned', got {norm_scale!r}")
+            elif norm_scale is not None:
+                raise ValueError(
+                    f"norm_scale must be None, a positive number, 'learned' or 'tracked', got {norm_scale!r}"
+                )
+        if self.norm_scale_mode:
+            self.register_buffer("norm_scale_started", torch.tensor(False))
         # Linear kernels rotate their features (2d wide for the cosine/split maps), softmax rotates q, k; 2-D RoPE
         # needs a size divisible by 4. Fixed by the config, so found once here rather than on every forward.
         rope_dim = feature_dim(kernel, dim // num_heads, **self.kernel_options)
@@ -128,12 +142,19 @@ class NaLaAttention(nn.Module):
             return None
         return rope_2d(hw[0], hw[1], self.rope_dim, device=device)
 
-    def _learned_norm_scale(self, q: Tensor) -> Tensor:
-        """Per-head gamma (heads, 1, 1), started from the median query norms of the first training batch."""
-        if self.training and not bool(self.norm_scale_started):
+    def _norm_scale(self, q: Tensor) -> Tensor:
+        """Per-head gamma (heads, 1, 1). Learned: started from the median query norms of the first training batch.
+        Tracked: those medians times TRACKED_NORM_RATIO, averaged over the training batches (in log space)."""
+        tracked = self.norm_scale_mode == "tracked"
+        if self.training and (tracked or not bool(self.norm_scale_started)):
             with torch.no_grad():
                 norms = torch.linalg.vector_norm(q.detach().float(), dim=-1).transpose(0, 1).flatten(1)
-                self.log_norm_scale.copy_(norms.median(dim=1).values.clamp_min(1e-3).log())
+                target = norms.median(dim=1).values.clamp_min(1e-3).log()
+                if tracked:
+                    target += math.log(TRACKED_NORM_RATIO)
+                    if bool(self.norm_scale_started):
+                        target = torch.lerp(self.log_norm_scale, target, TRACKED_NORM_MOMENTUM)
+                self.log_norm_scale.copy_(target)
                 self.norm_scale_started.fill_(True)
         return self.log_norm_scale.exp().view(-1, 1, 1)
 
@@ -147,7 +168,7 @@ class NaLaAttention(nn.Module):
         q, k, v = parts[0], parts[1], parts[2]
         options = self.kernel_options
         if self.log_norm_scale is not None:
-            options = {**options, "norm_scale": self._learned_norm_scale(q)}
+            options = {**options, "norm_scale": self._norm_scale(q)}
         out = linear_attention(q, k, v, kernel=self.kernel, rope=self._rope(hw, x.device), **options)
         out = out.transpose(1, 2).reshape(b, n, c)
         if self.lepe is not None and hw is not None:

@@ -20,11 +20,27 @@ def limit_memory(max_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (max_bytes, max_bytes))
 
 
+def cpu_model() -> str:
+    """The processor's name (``/proc/cpuinfo`` on Linux, else what ``platform`` says): the same script gives other
+    figures on another CPU, and a shared machine's CPU can change between sessions."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_info(device: str) -> dict:
-    """What a result file says about where it ran: cores, torch, threads and, on CUDA, the GPU."""
+    """What a result file says about where it ran: CPU, cores, torch, threads and, on CUDA, the GPU."""
     import torch
 
-    info = {"cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads()}
+    info = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__}
+    info["threads"] = torch.get_num_threads()
     info["device"] = device
     if device != "cpu":
         info["device_name"] = torch.cuda.get_device_name(torch.device(device))

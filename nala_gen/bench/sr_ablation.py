@@ -45,6 +45,7 @@ VARIANTS: dict[str, dict] = {
     "nala_key_direction": {"kernel_options": {"key_map": "direction"}},
     "nala_angle_sqrt_d": {"kernel_options": {"angle_scale": "sqrt_d"}},
     "nala_norm_scale": {"norm_scale": "learned"},
+    "nala_norm_tracked": {"norm_scale": "tracked"},
     "nala_split": {"kernel": "nala_split"},
     "emha": ESRT_NETWORK,
     "softmax": {"kernel": "softmax"},

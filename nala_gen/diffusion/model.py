@@ -92,7 +92,8 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
             (``attention_type``: its deprecated name, read from older configs).
         attention_kernel_options: feature-map arguments, e.g. ``{"lam": 3.0, "tau": 0.5}``.
         attention_norm_scale: ``nala`` only, our extension: the query power's norm scale gamma (None: the
-            paper's 1; a number; ``"learned"``: one per head, see :class:`~nala_gen.attention.NaLaAttention`).
+            paper's 1; a number; ``"learned"`` or ``"tracked"``: one per head, see
+            :class:`~nala_gen.attention.NaLaAttention`).
         rope: the block's 2-D RoPE (on the kernel's numerator features; on q/k for softmax), besides the absolute
             positions.
         lepe: the block's 5x5 depthwise LePE on v over the patch grid.

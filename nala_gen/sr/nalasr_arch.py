@@ -72,7 +72,7 @@ class NaLaSR(ESRTLayout, PyTorchModelHubMixin, library_name="nala_gen", tags=["s
         gate: the ``LN(o) * SiLU(g)`` output gate.
         kernel_options: feature-map arguments, e.g. ``{"key_map": "direction"}`` or ``{"angle_scale": "sqrt_d"}``.
         norm_scale: ``nala`` only, our extension: the query power's norm scale gamma (None: the paper's 1; a
-            number; ``"learned"``: one per head, see :class:`~nala_gen.attention.NaLaAttention`).
+            number; ``"learned"`` or ``"tracked"``: one per head, see :class:`~nala_gen.attention.NaLaAttention`).
     """
 
     def __init__(

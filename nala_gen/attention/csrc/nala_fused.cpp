@@ -62,12 +62,13 @@ struct Kernels {
   void (*gemm_nn)(const float*, int, int, const float*, int, float*);
   void (*gemm_tn_acc)(const float*, int, int, const float*, int, float*);
   float (*dot)(const float*, const float*, int);
+  float (*max_abs)(const float*, int);
   void (*axpy)(float, const float*, float*, int);
   float (*map_tile_backward)(const MapSpec&, bool, float, const Tile&, const float*, int, float*, int64_t, float*);
 };
 
 #define NALA_KERNELS(ns) \
-  Kernels { #ns, ns::map_tile, ns::rotate_tile, ns::unrotate_tile, ns::gemm_nn, ns::gemm_tn_acc, ns::dot, ns::axpy, \
+  Kernels { #ns, ns::map_tile, ns::rotate_tile, ns::unrotate_tile, ns::gemm_nn, ns::gemm_tn_acc, ns::dot, ns::max_abs, ns::axpy, \
       ns::map_tile_backward }
 
 static const Kernels& kernels() {
@@ -227,26 +228,32 @@ std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, 
   const int F = P.F, DVp = P.DVp, Dp = P.spec.Dp;
   const Rows qr(q), kr(k), vr(v);
 
-  // Key pass: KV (F x DVp) and z (F) per (batch, head), from partial sums per group of tiles.
+  // Key pass: KV (F x DVp) and z (F) per (batch, head), from partial sums per group of tiles, and the largest
+  // |key component| per (batch, head) while the keys are in cache (the caller checks it for overflow instead of
+  // making a pass of its own over the keys).
   const int64_t k_tiles = (P.Nk + kTile - 1) / kTile;
   const int64_t groups = group_count(P.BH, k_tiles);
   const int64_t state = (int64_t)F * DVp + F;
-  at::Tensor partial = at::zeros({P.BH * groups, state}, q.options());
+  at::Tensor partial = at::zeros({P.BH * groups, state + 1}, q.options());
   float* partial_p = partial.data_ptr<float>();
   for_each_item(P.BH * groups, Dp, DVp, [&](int64_t item, Scratch& s) {
     const int64_t bh = item / groups, g = item % groups;
-    float* kv = partial_p + item * state;
+    float* kv = partial_p + item * (state + 1);
     float* z = kv + (int64_t)F * DVp;
+    float* key_max = z + F;
     for (int64_t tile = g * k_tiles / groups; tile < (g + 1) * k_tiles / groups; ++tile) {
       const int64_t t0 = tile * kTile;
       const int n = (int)std::min<int64_t>(kTile, P.Nk - t0), rows = round4(n);
       const float* rot = map_and_rotate(K, P, false, 1.0f, kr.at(bh, t0), kr.stride_n, t0, n, rows, s, false);
+      *key_max = std::max(*key_max, K.max_abs(s.tile.x, n * Dp));  // tile.x: the tile's keys, zero-padded
       for (int t = 0; t < n; ++t) K.axpy(1.0f, s.tile.phi + t * F, z, F);
       load_rows(vr.at(bh, t0), vr.stride_n, n, P.dv, DVp, rows, s.values);
       K.gemm_tn_acc(rot, rows, F, s.values, DVp, kv);
     }
   });
-  at::Tensor kv_state = partial.view({P.BH, groups, state}).sum(1);  // groups summed in order
+  const at::Tensor per_group = partial.view({P.BH, groups, state + 1});
+  at::Tensor kv_state = per_group.narrow(2, 0, state).sum(1);  // groups summed in order
+  at::Tensor key_max = std::get<0>(per_group.select(2, state).max(1));
 
   // Query pass: each tile of queries is independent.
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), P.dv}, q.options());
@@ -271,7 +278,7 @@ std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, 
       for (int j = 0; j < P.dv; ++j) o[j] = s.outs[t * DVp + j] * inv;
     }
   });
-  return {out, den, kv_state};
+  return {out, den, kv_state, key_max};
 }
 
 // Gradients of forward's output. `state` is forward's KV/z; `den` its clamped denominators.
@@ -381,8 +388,8 @@ std::string isa() { return kernels().name; }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Fused NaLa linear attention (CPU): forward and backward in cache-sized tiles";
-  m.def("forward", &nala_fused::forward, "out, den, state = forward(q, k, v, cos, sin, gamma, lam, tau, angle_scale, "
-                                         "key_raw, eps_total)");
+  m.def("forward", &nala_fused::forward, "out, den, state, key_max = forward(q, k, v, cos, sin, gamma, lam, tau, "
+                                         "angle_scale, key_raw, eps_total)");
   m.def("backward", &nala_fused::backward, "gq, gk, gv, ggamma = backward(grad, q, k, v, cos, sin, gamma, out, den, "
                                            "state, lam, tau, angle_scale, key_raw, eps_total)");
   m.def("isa", &nala_fused::isa, "the instruction set the kernels were dispatched to");
