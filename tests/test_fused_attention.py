@@ -6,6 +6,10 @@ agreement here to 1e-5 carries the fused op to the paper's formula.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -16,7 +20,23 @@ from nala_gen.attention.rope import rope_2d
 def test_the_fused_op_is_built_in_this_checkout():
     # `make install` builds it; if this fails, every other test here would only compare the eager path with itself.
     assert fused.available(), fused.unavailable_reason()
-    assert fused.instruction_set() in ("avx2", "baseline")
+    assert fused.instruction_set() in ("avx512", "avx2", "baseline")
+
+
+@pytest.mark.parametrize("isa", ["avx2", "baseline"])
+def test_the_narrower_kernels_pass_the_same_checks(isa):
+    # The op runs the widest kernels the CPU has (AVX-512 for heads of 16, 32, ... floats), so on such a CPU the
+    # AVX2 and baseline kernels would go untested: NALA_GEN_FUSED_ISA caps the choice in a child process, which
+    # runs this file's comparisons with the PyTorch path (forward, gradients, zero/tiny/huge inputs).
+    if fused.instruction_set() == "baseline" and isa == "avx2":
+        pytest.skip("this CPU has no AVX2")
+    env = {**os.environ, "NALA_GEN_FUSED_ISA": isa}
+    check = f"from nala_gen.attention import fused; assert fused.instruction_set() == {isa!r}"
+    subprocess.run([sys.executable, "-c", check], env=env, check=True)
+    selected = "fused_equals or zero_tiny or thread_count or key_pass"
+    tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selected]
+    proc = subprocess.run(tests, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:]
 
 
 def _both_paths(monkeypatch, fn):

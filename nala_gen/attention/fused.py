@@ -59,7 +59,10 @@ def unavailable_reason() -> str | None:
 
 
 def instruction_set() -> str | None:
-    """Which compiled variant runs on this CPU (``avx2`` or ``baseline``); None without the op."""
+    """The widest compiled variant this CPU runs (``avx512``, ``avx2`` or ``baseline``); None without the op.
+
+    The 16-float AVX-512 kernels take heads whose sizes are multiples of 16 (d and dv); other heads run the 8-float
+    AVX2 kernels. ``NALA_GEN_FUSED_ISA=avx2`` (or ``baseline``), set before the first call, caps the choice."""
     return None if _op is None else _op.isa()
 
 

@@ -20,7 +20,9 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace nala_fused {
@@ -40,22 +42,33 @@ struct Tile {
   float *gdirect;                      // Dp
 };
 
+#define NALA_WIDTH 8
 #define NALA_ISA baseline
 #include "nala_tiles.inc"
 #undef NALA_ISA
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#define NALA_HAVE_AVX2 1
+#define NALA_HAVE_X86_TARGETS 1
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 #define NALA_ISA avx2
 #include "nala_tiles.inc"
 #undef NALA_ISA
 #pragma GCC pop_options
+#undef NALA_WIDTH
+#define NALA_WIDTH 16
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")
+#define NALA_ISA avx512
+#include "nala_tiles.inc"
+#undef NALA_ISA
+#pragma GCC pop_options
 #endif
+#undef NALA_WIDTH
 
 struct Kernels {
   const char* name;
+  int width;  // floats per vector: heads are padded to a multiple of it
   void (*map_tile)(const MapSpec&, bool, float, const float*, int64_t, int, Tile&, bool);
   void (*rotate_tile)(int, int, const float*, const float*, const float*, int, float*);
   void (*unrotate_tile)(int, int, const float*, const float*, const float*, int, float*);
@@ -68,24 +81,40 @@ struct Kernels {
 };
 
 #define NALA_KERNELS(ns) \
-  Kernels { #ns, ns::map_tile, ns::rotate_tile, ns::unrotate_tile, ns::gemm_nn, ns::gemm_tn_acc, ns::dot, ns::max_abs, ns::axpy, \
+  Kernels { #ns, ns::W, ns::map_tile, ns::rotate_tile, ns::unrotate_tile, ns::gemm_nn, ns::gemm_tn_acc, ns::dot, ns::max_abs, ns::axpy, \
       ns::map_tile_backward }
 
-static const Kernels& kernels() {
-  static const Kernels chosen = [] {
-#ifdef NALA_HAVE_AVX2
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return NALA_KERNELS(avx2);
-#endif
-    return NALA_KERNELS(baseline);
+static int round_up(int n, int multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// The widest kernels this CPU runs that do not pad a head (d or dv) further than 8-float vectors would: the
+// 16-float AVX-512 kernels take heads of 16, 32, 64, ... floats, the 8-float AVX2 ones every other size (NaLaSR's
+// heads of 18 floats would run 32-wide, 78 % padding). Chosen from the shape alone, so forward and backward agree.
+// NALA_GEN_FUSED_ISA=avx2 or =baseline (read once) caps the choice: to test or time the narrower kernels on a CPU
+// that has wider ones, or to reproduce another machine's bits.
+static const Kernels& kernels(int d = 16, int dv = 16) {
+#ifdef NALA_HAVE_X86_TARGETS
+  static const std::string cap = [] {
+    const char* value = std::getenv("NALA_GEN_FUSED_ISA");
+    return std::string(value ? value : "");
   }();
-  return chosen;
+  static const bool avx2 = [] {
+    __builtin_cpu_init();
+    return (cap.empty() || cap == "avx512" || cap == "avx2") && __builtin_cpu_supports("avx2") &&
+           __builtin_cpu_supports("fma");
+  }();
+  static const bool avx512 = avx2 && cap != "avx2" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+  static const Kernels k512 = NALA_KERNELS(avx512), k256 = NALA_KERNELS(avx2);
+  if (avx512 && round_up(d, 16) == round_up(d, 8) && round_up(dv, 16) == round_up(dv, 8)) return k512;
+  if (avx2) return k256;
+#endif
+  static const Kernels base = NALA_KERNELS(baseline);
+  return base;
 }
 
 constexpr int kTile = 64;  // tokens per tile: 64 x 64 floats of features is 16 KiB, an L1's worth with its operands
 constexpr float kTiny = 1.17549435e-38f;
 
-static int round8(int n) { return (n + 7) / 8 * 8; }
 static int round4(int n) { return (n + 3) / 4 * 4; }
 
 // A (B, H, N, width) float tensor read row by row: row (bh, t) starts at rows(bh) + t * stride.
@@ -162,7 +191,7 @@ struct Problem {
   float eps_total;
 };
 
-static Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
+static Problem make_problem(int width, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cos,
                             const at::Tensor& sin, const at::Tensor& gamma, double lam, double tau,
                             double angle_scale, bool key_raw, double eps_total) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be (B, heads, N, d)");
@@ -172,7 +201,7 @@ static Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::
   }
   Problem p;
   p.spec.d = (int)q.size(3);
-  p.spec.Dp = round8(p.spec.d);
+  p.spec.Dp = round_up(p.spec.d, width);
   p.spec.lam = (float)lam;
   p.spec.tau = (float)tau;
   p.spec.angle_scale = (float)angle_scale;
@@ -183,7 +212,7 @@ static Problem make_problem(const at::Tensor& q, const at::Tensor& k, const at::
   p.Nq = q.size(2);
   p.Nk = k.size(2);
   p.dv = (int)v.size(3);
-  p.DVp = round8(p.dv);
+  p.DVp = round_up(p.dv, width);
   p.F = 2 * p.spec.Dp;
   p.rope = cos.defined() && cos.numel() > 0;
   if (p.rope) {
@@ -223,8 +252,8 @@ std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, 
   at::Tensor q = q_in.stride(3) == 1 ? q_in : q_in.contiguous();
   at::Tensor k = k_in.stride(3) == 1 ? k_in : k_in.contiguous();
   at::Tensor v = v_in.stride(3) == 1 ? v_in : v_in.contiguous();
-  const Problem P = make_problem(q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
-  const Kernels& K = kernels();
+  const Kernels& K = kernels((int)q.size(3), (int)v.size(3));
+  const Problem P = make_problem(K.width, q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
   const int F = P.F, DVp = P.DVp, Dp = P.spec.Dp;
   const Rows qr(q), kr(k), vr(v);
 
@@ -293,8 +322,8 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_in, const at::Tensor& q_
   at::Tensor grad = grad_in.stride(3) == 1 ? grad_in : grad_in.contiguous();
   at::Tensor out = out_in.stride(3) == 1 ? out_in : out_in.contiguous();
   at::Tensor state = state_in.contiguous();
-  const Problem P = make_problem(q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
-  const Kernels& K = kernels();
+  const Kernels& K = kernels((int)q.size(3), (int)v.size(3));
+  const Problem P = make_problem(K.width, q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
   const int F = P.F, DVp = P.DVp, Dp = P.spec.Dp, d = P.spec.d;
   const Rows qr(q), kr(k), vr(v), gr(grad), outr(out);
   const int64_t state_size = (int64_t)F * DVp + F;
@@ -382,6 +411,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_in, const at::Tensor& q_
   return {gq, gk, gv, ggamma};
 }
 
+// The widest instruction set the kernels use on this CPU (for heads whose size it suits; see kernels()).
 std::string isa() { return kernels().name; }
 
 }  // namespace nala_fused
