@@ -28,6 +28,14 @@ def test_trained_entropy_cli_writes_json_and_png(tmp_path):
     result = json.loads((tmp_path / "trained_entropy.json").read_text())
     assert set(result) == {"esrt-x4"} and result["esrt-x4"]["own_kernel"] == "softmax"
     assert (tmp_path / "trained_entropy.png").read_bytes()[:4] == b"\x89PNG"
+    # A later run that scores another model keeps this row; one that rescores it replaces it.
+    queries = result["esrt-x4"]["queries"]
+    earlier = {**result["esrt-x4"], "queries": -2}
+    result["esrt-x4"]["queries"] = -1
+    (tmp_path / "trained_entropy.json").write_text(json.dumps({**result, "earlier": earlier}))
+    assert trained_entropy.main(["--models", "esrt-x4", "--out", str(tmp_path)]) == 0
+    merged = json.loads((tmp_path / "trained_entropy.json").read_text())
+    assert merged["esrt-x4"]["queries"] == queries > 0 and merged["earlier"]["queries"] == -2
 
 
 def test_sr_ablation_changes_only_the_attention_name_and_budget():

@@ -18,11 +18,15 @@ tokens, the global form the other kernels use. The ``nala`` column of a model th
 model's own options (a learned norm scale included), which the recorder hands over with each call; other models'
 queries are scored with the default ``nala``. Models that are not installed are skipped with a note.
 
-``--ablation-runs nala nala_norm_scale`` adds the seed-0 runs of ``nala-bench sr-ablation`` (1,000 iterations,
-trained identically but for the variant's change) from ``experiments/``: the paired comparison of the paper's
-kernel with the norm-scaled one.
+``--ablation-runs nala nala_norm_scale`` adds the seed-0 runs (``--ablation-seed`` for another) of ``nala-bench
+sr-ablation`` (1,000 iterations, trained identically but for the variant's change) from ``experiments/``: the paired
+comparison of the paper's kernel with the norm-scaled ones.
 
-    nala-bench trained-entropy [--models ...] [--ablation-runs nala nala_norm_scale] [--out benchmarks/results]
+The result file gathers rows across invocations: a model scored now replaces its row, the others stay as an
+earlier run left them (a checkout without an ablation run's checkpoint keeps that run's row).
+
+    nala-bench trained-entropy [--models ...] [--ablation-runs nala nala_norm_scale] [--ablation-seed 0]
+                               [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -149,9 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nala-bench trained-entropy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument(
-        "--ablation-runs", nargs="*", default=[], metavar="VARIANT", help="seed-0 sr-ablation runs to score too"
+        "--ablation-runs", nargs="*", default=[], metavar="VARIANT", help="sr-ablation runs to score too"
     )
     parser.add_argument("--ablation-iters", type=int, default=1000)
+    parser.add_argument("--ablation-seed", type=int, default=0, help="seed of the sr-ablation runs")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -162,10 +167,11 @@ def main(argv: list[str] | None = None) -> int:
     for variant in args.ablation_runs:
         if variant not in VARIANTS:
             parser.error(f"unknown ablation variant {variant!r}")
-        run = run_name(variant, args.ablation_iters, 0)
+        run = run_name(variant, args.ablation_iters, args.ablation_seed)
         checkpoint = Path("experiments") / run / "models" / "net_g_latest.pth"
         own = "softmax" if variant == "emha" else VARIANTS[variant].get("kernel", "nala")
-        jobs.append((f"ablation {variant}", "sr", own, checkpoint, Path("experiments") / f"{run}.yml"))
+        label = f"ablation {variant}" + (f" seed {args.ablation_seed}" if args.ablation_seed else "")
+        jobs.append((label, "sr", own, checkpoint, Path("experiments") / f"{run}.yml"))
     for name, task, own, checkpoint, option in jobs:
         try:
             if checkpoint is not None:
@@ -189,7 +195,10 @@ def main(argv: list[str] | None = None) -> int:
         print("no trained model found; nothing written")
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "trained_entropy.json").write_text(json.dumps(results, indent=1))
+    path = args.out / "trained_entropy.json"
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    results = {**kept, **results}  # rows scored now replace theirs; the others stay
+    path.write_text(json.dumps(results, indent=1))
     plot(results, args.out / "trained_entropy.png")
     print(f"wrote {args.out / 'trained_entropy.json'} and {args.out / 'trained_entropy.png'}")
     return 0
