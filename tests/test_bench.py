@@ -186,6 +186,26 @@ def test_trained_entropy_scores_nala_with_the_models_own_norm_scale():
     np.testing.assert_allclose(own["relu"], plain["relu"])  # the other kernels do not take the model's options
 
 
+def test_trained_entropy_scores_a_pipeline_folder_and_a_tracked_norm_scale_reacts_to_the_norm(tmp_path):
+    pytest.importorskip("matplotlib")
+    import torch
+    from test_diffusion import tiny_pipeline
+
+    pipe = tiny_pipeline(attention_norm_scale="tracked")
+    pipe.transformer.train()  # one training-mode call starts the tracked gamma from the query norms
+    with torch.no_grad():
+        pipe.transformer(torch.randn(4, 3, 8, 8), torch.tensor([10.0, 200.0, 500.0, 900.0]), torch.tensor([0, 1, 2, 3]))
+    pipe.transformer.eval()
+    pipe.save_pretrained(tmp_path / "pipe")
+    argv = ["--models", "esrt-x4", "--diffusion-runs", str(tmp_path / "pipe"), "--out", str(tmp_path)]
+    assert trained_entropy.main(argv) == 0
+    row = json.loads((tmp_path / "trained_entropy.json").read_text())[str(tmp_path / "pipe")]
+    assert row["task"] == "diffusion" and row["own_kernel"] == "nala"
+    # gamma sits at twice the median query norm, so doubling a query (direction kept) still sharpens its attention
+    # (about -0.03 nats for this random model; with the paper's gamma = 1 its queries, of norm ~6, change 1e-5)
+    assert row["kernels"]["nala"]["entropy_change_at_2x_norm"] < -0.005
+
+
 def test_flop_count_matches_a_hand_count_for_one_conv_layer():
     import torch
 

@@ -22,11 +22,14 @@ queries are scored with the default ``nala``. Models that are not installed are 
 sr-ablation`` (1,000 iterations, trained identically but for the variant's change) from ``experiments/``: the paired
 comparison of the paper's kernel with the norm-scaled ones.
 
+``--diffusion-runs experiments/naladit_digits_norm_tracked/pipeline`` scores pipeline folders of one's own
+trainings (``nala-gen train`` writes one at the end) the same way as the shipped digits models.
+
 The result file gathers rows across invocations: a model scored now replaces its row, the others stay as an
 earlier run left them (a checkout without an ablation run's checkpoint keeps that run's row).
 
     nala-bench trained-entropy [--models ...] [--ablation-runs nala nala_norm_scale] [--ablation-seed 0]
-                               [--out benchmarks/results]
+                               [--diffusion-runs FOLDER ...] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -157,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--ablation-iters", type=int, default=1000)
     parser.add_argument("--ablation-seed", type=int, default=0, help="seed of the sr-ablation runs")
+    parser.add_argument(
+        "--diffusion-runs", nargs="*", default=[], type=Path, metavar="FOLDER", help="pipeline folders to score too"
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     torch.manual_seed(0)
@@ -172,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
         own = "softmax" if variant == "emha" else VARIANTS[variant].get("kernel", "nala")
         label = f"ablation {variant}" + (f" seed {args.ablation_seed}" if args.ablation_seed else "")
         jobs.append((label, "sr", own, checkpoint, Path("experiments") / f"{run}.yml"))
+    for folder in args.diffusion_runs:
+        config = folder / "transformer" / "config.json"
+        if not config.is_file():
+            parser.error(f"{folder} is not a pipeline folder (no transformer/config.json)")
+        own = json.loads(config.read_text()).get("attention_kernel", "nala")
+        jobs.append((str(folder), "diffusion", own, None, None))
     for name, task, own, checkpoint, option in jobs:
         try:
             if checkpoint is not None:
