@@ -206,6 +206,22 @@ def test_trained_entropy_scores_a_pipeline_folder_and_a_tracked_norm_scale_react
     assert row["kernels"]["nala"]["entropy_change_at_2x_norm"] < -0.005
 
 
+def test_peers_profile_names_the_operators_and_layers_that_take_the_time(tmp_path):
+    from nala_gen.bench import sr_scaling
+
+    assert (
+        sr_scaling.peers_main(["--profile", "nalasr", "--sides", "16", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    )
+    result = json.loads((tmp_path / "sr_profile.json").read_text())["models"]["nalasr"]
+    ops = {r["op"]: r for r in result["ops"]}
+    assert "aten::mkldnn_convolution" in ops and "_FusedNaLa" in ops  # the convolutions and the fused NaLa op
+    shares = [r["share"] for r in result["ops"]]
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
+    layers = {r["layer"]: r for r in result["layers"]}
+    assert layers["body"]["type"] == "ESRTBody" and layers["body.hpbs.0"]["type"] == "HPB"
+    assert layers["body.transformer"]["ms"] < layers["body"]["ms"]  # a layer's time includes its children's
+
+
 def test_flop_count_matches_a_hand_count_for_one_conv_layer():
     import torch
 

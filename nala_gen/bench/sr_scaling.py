@@ -15,6 +15,8 @@ FLOPs (``torch.utils.flop_counter``) at a stated input size.
     nala-bench sr [--sizes 64x64 128x128 192x192 256x280 320x320] [--models nalasr esrt swinir]
     nala-bench sr --device cuda --tag cuda ...   (benchmarks/gpu_check.sh: CUDA-synchronised timings and
                                                   torch.cuda.max_memory_allocated; no address-space cap there)
+    nala-bench peers [--sides 125 250 500] [--models nalasr esrt srvgg edsr swinir rrdb]
+    nala-bench peers --profile nalasr srvgg [--sides 250]   (per operator and per layer: sr_profile.json)
 """
 
 from __future__ import annotations
@@ -218,6 +220,35 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
     }
 
 
+def profile_worker(model: str, side: int, repeats: int) -> dict:
+    """Per-operator and per-layer times of one whole-image forward in this (fresh) process."""
+    from nala_gen.bench.sr_profile import profile_forward
+
+    torch.manual_seed(0)
+    net = build(model).eval().to(memory_format=torch.channels_last)
+    x = padded_input(model, side, side).contiguous(memory_format=torch.channels_last)
+    return profile_forward(net, x, repeats)
+
+
+def profiles(models: list[str], side: int, repeats: int, out: Path) -> int:
+    """``--profile``: each network in a fresh process; JSON and the tables printed."""
+    from nala_gen.bench.sr_profile import format_profile
+
+    result = {"machine": machine_info("cpu"), "lr_side": side, "models": {}}
+    for model in models:
+        args = ["peers", "--worker", model, str(side), "profile", "--repeats", str(repeats)]
+        row = run_worker("nala_gen.bench.cli", args)
+        if "ops" not in row:
+            print(f"{model}: {row.get('status')}: {row.get('note', '')}", file=sys.stderr)
+            return 1
+        result["models"][model] = row
+        print(format_profile(model, side, row) + "\n", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sr_profile.json").write_text(json.dumps(result, indent=1))
+    print(f"wrote {out / 'sr_profile.json'}")
+    return 0
+
+
 def ablation_psnr(path: Path) -> dict[str, tuple[float, float | None, int]]:
     """network -> (mean PSNR, sd, seeds) of its equal-budget sr-ablation runs, where there are any."""
     if not path.is_file():
@@ -266,13 +297,26 @@ def peers_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mem-limit-gb", type=float, default=16.0, help="memory cap per worker (GiB)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per point")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument(
+        "--profile",
+        nargs="+",
+        metavar="MODEL",
+        choices=list(ARCHS),
+        help="instead of the board: where these networks' forwards spend their time, per operator and per layer, "
+        "at the first --sides value (sr_profile.json)",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SIDE", "TILED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     limit = int(args.mem_limit_gb * 2**30)
     if args.worker:
         model, side, tiled = args.worker
-        print(json.dumps(peer_worker(model, int(side), args.repeats, limit, tiled == "1")))
+        if tiled == "profile":
+            print(json.dumps(profile_worker(model, int(side), args.repeats)))
+        else:
+            print(json.dumps(peer_worker(model, int(side), args.repeats, limit, tiled == "1")))
         return 0
+    if args.profile:
+        return profiles(args.profile, args.sides[0], args.repeats, args.out)
     costs = {}
     for model in args.models:
         net = build(model)
