@@ -34,7 +34,7 @@ import torch
 from tqdm import tqdm
 
 from nala_gen.devices import pick_device
-from nala_gen.profiling import PeakMemory, return_large_frees_promptly
+from nala_gen.profiling import PeakMemory, return_large_frees_promptly, reused_large_temporaries
 
 from .imageio import has_alpha, write_image_atomic, write_png_rows
 from .resample import RowResizer, resize_rows
@@ -444,7 +444,8 @@ class Upscaler:
     def _passes(self, batch: list[np.ndarray]) -> list[np.ndarray]:
         """Several (h, w, 3) float32 of one size in one network call -> their (sh, sw, 3) float32 on the host."""
         x = torch.from_numpy(np.stack(batch)).permute(0, 3, 1, 2)
-        out = self._forward(x).permute(0, 2, 3, 1).cpu().numpy()
+        with reused_large_temporaries():  # no page faults for each temporary of the pass
+            out = self._forward(x).permute(0, 2, 3, 1).cpu().numpy()
         return list(out)
 
     def _model_rows(
