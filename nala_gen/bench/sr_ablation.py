@@ -46,6 +46,8 @@ VARIANTS: dict[str, dict] = {
     "nala_angle_sqrt_d": {"kernel_options": {"angle_scale": "sqrt_d"}},
     "nala_norm_scale": {"norm_scale": "learned"},
     "nala_norm_tracked": {"norm_scale": "tracked"},
+    # the paper's lam = 3 widened to 4.5: the tracked gamma's doubling moves the power by lam * 0.30
+    "nala_norm_tracked_lam45": {"norm_scale": "tracked", "kernel_options": {"lam": 4.5}},
     "nala_split": {"kernel": "nala_split"},
     "emha": ESRT_NETWORK,
     "softmax": {"kernel": "softmax"},
