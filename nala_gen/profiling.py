@@ -76,7 +76,7 @@ def reused_large_temporaries() -> Iterator[None]:
     promptly (:func:`return_large_frees_promptly`).
 
     Why: with every large block a fresh mapping, each temporary of a network pass is page-faulted in on first
-    touch, which on a VM runs at a few GB/s: NaLaSR-light's whole-image forward at 1 MP out spent about 40 % of
+    touch, which on a VM runs at a few GB/s: NaLaSR-light's whole-image pass at 1 MP out spent about a third of
     its time there (its transformer makes a dozen 70 MB temporaries). Reusing them within the pass removes that,
     and trimming after it keeps the resident memory between passes what the program holds. Process-wide (glibc);
     a no-op elsewhere.
@@ -89,7 +89,7 @@ def reused_large_temporaries() -> Iterator[None]:
     try:
         yield
     finally:
-        _LIBC.mallopt(_M_MMAP_THRESHOLD, _PROMPT_THRESHOLD)
+        return_large_frees_promptly()
         _LIBC.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)
         release_free_memory()
 
