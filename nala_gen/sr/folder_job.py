@@ -24,14 +24,14 @@ import glob
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .imageio import ImageError, decoded_bytes, read_image, write_image_atomic
 from .jobs import JobManifest, file_sha256
-from .upscaler import ENCODER_COPIES, Readout, Upscaler, available_memory
+from .upscaler import ENCODER_COPIES, Readout, Upscaler
 
 
 @dataclass
@@ -44,7 +44,8 @@ class Item:
     dst: Path | None = None
     estimate: int = 0  # bytes the decoded input holds (header estimate until decoded)
     error: str | None = None
-    outputs: list = field(default_factory=list)
+    pixels: np.ndarray | None = None  # the upscaled image until it is encoded
+    readout: Readout | None = None  # what its pass measured
 
 
 class _Inline:
@@ -148,10 +149,10 @@ class FolderJob:
     def _write(self, items: list[Item]) -> list[Item]:
         for item in items:
             try:
-                write_image_atomic(item.outputs[0], item.dst)
+                write_image_atomic(item.pixels, item.dst)
             except (ImageError, OSError) as err:
                 item.error = _reason(err)
-            item.outputs = [None, *item.outputs[1:]]  # the pixels are no longer needed once encoded
+            item.pixels = None  # no longer needed once encoded
         return items
 
     def _finish(self, items: list[Item]) -> None:
@@ -159,7 +160,7 @@ class FolderJob:
             if item.error is not None:
                 self._fail(item.src, item.error)
                 continue
-            readout = item.outputs[1]
+            readout = item.readout
             if self.manifest is not None:
                 record = {"input": str(item.src), "output": str(item.dst), "status": "ok"}
                 record.update(model=self.settings.get("model"), **readout.as_dict())
@@ -184,8 +185,7 @@ class FolderJob:
         writing: tuple[Future, int] | None = None  # the encode in flight and the bytes it holds
         bar = tqdm(total=len(inputs), desc="images", unit="img", disable=not self.progress or len(inputs) == 1)
 
-        def budget() -> int:
-            return self.engine.memory_budget or available_memory(self.engine.device)
+        budget = self.engine.budget
 
         def read_ahead(room: int, at_least: int = 0) -> None:
             """Submit reads while their inputs fit ``room`` (and at least ``at_least`` reads are queued)."""
@@ -245,7 +245,7 @@ class FolderJob:
                 self._finish(finished)
                 bar.update(len(finished))
                 if to_encode:
-                    holds = sum(i.outputs[0].nbytes for i in to_encode) * (1 + ENCODER_COPIES)
+                    holds = sum(i.pixels.nbytes for i in to_encode) * (1 + ENCODER_COPIES)
                     writing = (pool.submit(self._write, to_encode), holds)
             wait_write()
         finally:
@@ -254,12 +254,7 @@ class FolderJob:
         return self.failures
 
     def _lookahead(self) -> int:
-        batch = self.engine.batch
-        if batch == 1:
-            return 1
-        from .upscaler import MAX_AUTO_BATCH
-
-        return MAX_AUTO_BATCH if batch == "auto" else batch
+        return self.engine.max_batch
 
     def _plans(self, group: list[Item]) -> list[tuple]:
         """[(plan, items)]: one batched plan for as many of the group as fit, then single plans for the rest."""
@@ -292,15 +287,15 @@ class FolderJob:
                 if len(items) > 1:
                     results = self.engine.upscale_group([i.img for i in items], self.outscale, plan)
                     for item, (out, readout) in zip(items, results):
-                        item.outputs = [out, readout]
+                        item.pixels, item.readout = out, readout
                     to_encode += items
                 elif plan.streamed or not self.io_threads:
                     (item,) = items
-                    item.outputs = [None, self.engine.upscale_to_file(item.img, item.dst, self.outscale, self.progress)]
+                    item.readout = self.engine.upscale_to_file(item.img, item.dst, self.outscale, self.progress)
                     finished.append(item)
                 else:
                     (item,) = items
-                    item.outputs = list(self.engine.upscale(item.img, self.outscale, self.progress, plan=plan))
+                    item.pixels, item.readout = self.engine.upscale(item.img, self.outscale, self.progress, plan=plan)
                     to_encode.append(item)
             except (ImageError, ValueError, RuntimeError, OSError) as err:
                 for item in items:

@@ -303,9 +303,18 @@ class Upscaler:
             sides.append(side)
         return [side * side for side in sides], list(peaks)
 
+    @property
+    def max_batch(self) -> int:
+        """The most passes (tiles or images) one network call may take: 1, ``batch``, or MAX_AUTO_BATCH for auto."""
+        return MAX_AUTO_BATCH if self.batch == "auto" else self.batch
+
+    def budget(self) -> int:
+        """The job's memory budget in bytes: ``memory_budget``, else what the device has available now."""
+        return self.memory_budget or available_memory(self.device)
+
     def max_tokens(self) -> int:
         """Largest input (in pixels) whose pass alone fits the budget, from the probes (see tokens_within)."""
-        budget = self.memory_budget or available_memory(self.device)
+        budget = self.budget()
         return tokens_within(budget, *self._probes(budget))
 
     def plan(
@@ -329,7 +338,7 @@ class Upscaler:
         whole as one batch (no tiles, not streamed; see :meth:`plan_group`). Raises :class:`MemoryBudgetError`
         with the estimate when nothing fits.
         """
-        budget = self.memory_budget or available_memory(self.device)
+        budget = self.budget()
         host_budget = budget if self.device.type == "cpu" else available_memory(torch.device("cpu"))
         s = self.scale
         target_w, target_h = output_size(width, height, s, outscale)
@@ -395,7 +404,7 @@ class Upscaler:
             return plan
         overlap = min(2 * self.tile_pad, plan.tile // 2)
         per_row = len(tile_starts(width, plan.tile, overlap))
-        most = min(per_row, MAX_AUTO_BATCH if self.batch == "auto" else self.batch)
+        most = min(per_row, self.max_batch)
         for batch in range(most, 1, -1):
             batched = job(plan.tile, plan.streamed, batch)
             if fits(batched):
@@ -413,7 +422,7 @@ class Upscaler:
         alone = self.plan(height, width, channels, itemsize, outscale, output_copies=1 + ENCODER_COPIES)
         if alone.tile or alone.streamed:
             return None
-        most = min(count, MAX_AUTO_BATCH if self.batch == "auto" else self.batch)
+        most = min(count, self.max_batch)
         for images in range(most, 1, -1):
             try:
                 return self.plan(
