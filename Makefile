@@ -65,8 +65,9 @@ bench: $(STAMP)
 		$(BIN)/nala-gen quality -m $$m --per-class 100 --cfg 2 --json benchmarks/results/digits_quality.json || exit 1; done
 	$(BIN)/python scripts/results_tables.py
 
-# The shipped SR weights: three CPU trainings on the embedded set (resumable), then export and evaluation.
-SR_RUNS := NaLaSR/train_NaLaSR_light_x4_mini ESRT/train_ESRT_x4_mini NaLaSR/train_NaLaSR_light_x2_mini
+# The shipped SR weights: CPU trainings on the embedded set (x4 in two stages; resumable), then export and evaluation.
+SR_RUNS := NaLaSR/train_NaLaSR_light_x4_mini NaLaSR/train_NaLaSR_light_x4_mini_ft ESRT/train_ESRT_x4_mini \
+	ESRT/train_ESRT_x4_mini_ft NaLaSR/train_NaLaSR_light_x2_mini
 weights-sr: $(STAMP)
 	test -d datasets/mini || $(BIN)/nala-sr prepare mini
 	for run in $(SR_RUNS); do $(BIN)/python -m nala_gen.sr.train -opt options/train/$$run.yml --auto_resume || exit 1; done

@@ -21,15 +21,26 @@ from nala_gen.sr.models import export_checkpoint
 
 # How the shipped runs actually went on this machine (kept on each card, so the times above can be read right).
 ONE_THREAD = "one thread each (OMP_NUM_THREADS=1) on 2 shared vCPUs"
+STAGE_2 = (
+    "; stage 2 ran beside the other x4 network's stage 2, one thread each, from stage 1's final weights (restored "
+    "from the card's safetensors: stage 1 had trained in another checkout)"
+)
 RUN_NOTES = {
-    "nalasr-light-x4": "ran beside the esrt-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark ran too",
-    "esrt-x4": "ran beside the nalasr-light-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark ran too",
+    "nalasr-light-x4": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
+    "ran too" + STAGE_2,
+    "esrt-x4": "stage 1 ran beside the nalasr-light-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
+    "ran too" + STAGE_2,
     "nalasr-light-x2": "ran beside the esrt-x4 run, " + ONE_THREAD,
 }
+# Each shipped weight's training stages, in order: a later stage starts from the one before (its
+# ``pretrain_network_g``); the last one is exported.
 RUNS = {
-    "nalasr-light-x4": "options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml",
-    "esrt-x4": "options/train/ESRT/train_ESRT_x4_mini.yml",
-    "nalasr-light-x2": "options/train/NaLaSR/train_NaLaSR_light_x2_mini.yml",
+    "nalasr-light-x4": [
+        "options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml",
+        "options/train/NaLaSR/train_NaLaSR_light_x4_mini_ft.yml",
+    ],
+    "esrt-x4": ["options/train/ESRT/train_ESRT_x4_mini.yml", "options/train/ESRT/train_ESRT_x4_mini_ft.yml"],
+    "nalasr-light-x2": ["options/train/NaLaSR/train_NaLaSR_light_x2_mini.yml"],
 }
 
 
@@ -78,22 +89,52 @@ def shipped_checkpoint(exp: Path) -> tuple[Path, int | None]:
     return saves[it], it
 
 
+def command(option: str) -> str:
+    return f"python -m nala_gen.sr.train -opt {option}"
+
+
+def stage_facts(name: str, option: str, opt: dict, device: str) -> dict | None:
+    """What one stage's run took: from its logs here, else from the card shipped before (a stage trained in
+    another checkout, whose logs are gone); None when neither knows it."""
+    exp = Path("experiments") / opt["name"]
+    logs = sorted(exp.glob("train_*.log"))
+    if logs:
+        upto = shipped_checkpoint(exp)[1] if (exp / "models").is_dir() else None
+        seconds, iterations = training_facts(exp, upto)
+        # BasicSR logs its closing validation one or two iterations past the last one it trained.
+        return {
+            "command": command(option),
+            "iterations": min(iterations, opt["train"]["total_iter"]),
+            "train_time_s": seconds,
+            "hardware": device,
+        }
+    card = Path("weights") / f"{name}.json"
+    info = json.loads(card.read_text())["info"] if card.is_file() else {}
+    for stage in info.get("stages", [info]):
+        if stage.get("command") == command(option):
+            return {key: stage[key] for key in ("command", "iterations", "train_time_s", "hardware")}
+    return None
+
+
 def main() -> int:
     import torch
 
     # The machine the runs trained on (this script runs right after them in make weights-sr).
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU: {cpu_name()}, {os.cpu_count()} vCPUs"
-    for name, option in RUNS.items():
+    for name, options in RUNS.items():
+        option = options[-1]
         opt = yaml.safe_load(Path(option).read_text())
         exp = Path("experiments") / opt["name"]
         if not exp.is_dir():  # a run trained in another checkout: its shipped weights stay as they are
             print(f"kept weights/{name}.json: no {exp} here")
             continue
+        stages = [stage_facts(name, o, yaml.safe_load(Path(o).read_text()), device) for o in options]
+        if None in stages:
+            missing = options[stages.index(None)]
+            raise SystemExit(f"{name}: no logs and no earlier card for {missing}: train it first")
         train = opt["datasets"]["train"]
         checkpoint, upto = shipped_checkpoint(exp)
-        seconds, iterations = training_facts(exp, upto)
-        # BasicSR logs its closing validation one or two iterations past the last one it trained.
-        iterations = min(iterations, opt["train"]["total_iter"])
+        iterations = sum(s["iterations"] for s in stages)
         info = {
             "trained_on": "embedded mini train split (nala-sr prepare mini: 10 scikit-image photos, "
             "192 px HR sub-images, MATLAB-bicubic LR)",
@@ -101,29 +142,33 @@ def main() -> int:
             # BasicSR 1.4.2 sizes its epoch loop with ceil(len / batch) but drops the last partial batch, so a run
             # can stop short of total_iter (7,000 -> 6,954 here): the card gives the iterations actually run.
             "iterations": iterations,
-            "total_iter_option": opt["train"]["total_iter"],
+            "total_iter_option": sum(yaml.safe_load(Path(o).read_text())["train"]["total_iter"] for o in options),
             "batch": train["batch_size_per_gpu"],
             "lr_patch": train["gt_size"] // opt["scale"],
             "seed": opt["manual_seed"],
-            "train_time_s": seconds,
-            "hardware": device,
-            "command": f"python -m nala_gen.sr.train -opt {option}",
+            "train_time_s": sum(s["train_time_s"] for s in stages),
+            "hardware": " + ".join(dict.fromkeys(s["hardware"] for s in stages)),
+            "command": " && ".join(s["command"] for s in stages),
             "notes": RUN_NOTES.get(name, ""),
         }
-        # BasicSR's EMA starts as a copy of the random init and keeps decay**iterations of it (0.999: 37 % after
-        # 1,000 iterations, 5 % after 3,000; the EMA model validated at 13.5 dB at 1,000 here): until that share is
-        # below 1 %, and for a checkpoint from mid-run, the raw weights ship.
+        if len(stages) > 1:
+            info["stages"] = stages
+        # BasicSR's EMA starts as a copy of the network it starts from and keeps decay**iterations of it (0.999:
+        # 37 % after 1,000 iterations, 5 % after 3,000; a from-scratch EMA model validated at 13.5 dB at 1,000
+        # here). From a random init, until that share is below 1 %, and for a checkpoint from mid-run, the raw
+        # weights ship; a stage that starts from trained weights ships its EMA.
         decay = opt["train"].get("ema_decay", 0)
+        from_scratch = not opt["path"].get("pretrain_network_g")
         param_key = None
         if upto is not None:
             param_key = "params"
-            interim = f"interim: the raw (non-EMA) weights at {upto:,} of {info['total_iter_option']:,} iterations. "
+            interim = f"interim: the raw (non-EMA) weights at {upto:,} of {opt['train']['total_iter']:,} iterations. "
             info["notes"] = interim + info["notes"]
-        elif decay > 0 and decay**iterations > 0.01:
+        elif from_scratch and decay > 0 and decay ** stages[-1]["iterations"] > 0.01:
             param_key = "params"
             info["notes"] = (
                 f"the raw weights: after {iterations:,} iterations the EMA (decay {decay}) still holds "
-                f"{decay**iterations:.0%} of its random init. " + info["notes"]
+                f"{decay ** stages[-1]['iterations']:.0%} of its random init. " + info["notes"]
             )
         info["param_key"] = param_key or "params_ema (when the run has an EMA), else params"
         card = export_checkpoint(checkpoint, option, name, "weights", info, param_key)
