@@ -42,7 +42,10 @@ from .resample import RowResizer, resize_rows
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 ALPHA_MODES = ("model", "bicubic")
 MIN_TILE = 32
-PROBE_SIDES = (48, 96, 128)  # input sides probed for tile="auto"; 128 is where quadratic attention shows
+# Input sides probed for tile="auto"; 128 is where quadratic attention shows. Not below 64: a 48 px probe of ESRT
+# read up to +70 MiB high in one run of three (about double its cost), which made its quadratic curve look linear
+# and let a 130 px tile take 1.18 GiB of a 1 GiB budget; eight 64 px readings spread over 91-99 MiB.
+PROBE_SIDES = (64, 96, 128)
 SUPERLINEAR = 1.25  # growth of the cost per token between the two largest probes that reads as quadratic
 MAX_AUTO_BATCH = 8  # batch="auto" tries up to this many passes at once
 CHUNK_ROWS = 64  # output rows finished per step: bounds the per-band temporaries
