@@ -257,3 +257,37 @@ def test_the_deprecated_kernel_names_still_load_with_a_warning(tmp_path):
         old = NaLaDiTTransformer2DModel.from_pretrained(tmp_path)
     assert old.config.attention_kernel == "softmax" and old.config.attention_type is None
     assert {block.attn.kernel for block in old.blocks} == {"softmax"}
+
+
+def test_ship_script_reports_every_training_stage(tmp_path, monkeypatch):
+    # The shipped x4 weights train in two stages; a stage whose logs are in another checkout keeps the figures of the
+    # card shipped before, a stage trained here reads its own log.
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("ship", Path(__file__).parents[1] / "scripts" / "ship_sr_weights.py")
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    monkeypatch.chdir(tmp_path)
+    stage1, stage2 = "options/train/NaLaSR/a.yml", "options/train/NaLaSR/a_ft.yml"
+    (tmp_path / "weights").mkdir()
+    old = {"command": ship.command(stage1), "iterations": 3000, "train_time_s": 6185.0, "hardware": "CPU: old"}
+    (tmp_path / "weights" / "w.json").write_text(json.dumps({"info": old}))
+    log = tmp_path / "experiments" / "A_ft" / "train_A_ft_1.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(
+        "2026-12-02 14:01:07,733 INFO: Start training from epoch: 0, iter: 0\n"
+        "2026-12-02 14:02:07,000 INFO: [A..][epoch:  0, iter:     500, lr:(6.250e-05,)] l_pix: 1e-02\n"
+        "2026-12-02 14:03:07,000 INFO: [A..][epoch:  1, iter:   1,000, lr:(3.125e-05,)] l_pix: 1e-02\n"
+        "2026-12-02 14:03:08,000 INFO: End of training. Time consumed: 0:02:01\n"
+    )
+    first = ship.stage_facts("w", stage1, {"name": "A", "train": {"total_iter": 3000}}, "CPU: new")
+    second = ship.stage_facts("w", stage2, {"name": "A_ft", "train": {"total_iter": 1000}}, "CPU: new")
+    assert first == old
+    assert second == {
+        "command": ship.command(stage2),
+        "iterations": 1000,
+        "train_time_s": 121.0,
+        "hardware": "CPU: new",
+    }
+    assert ship.stage_facts("w", "options/other.yml", {"name": "B", "train": {"total_iter": 5}}, "CPU: new") is None
