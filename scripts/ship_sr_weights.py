@@ -123,12 +123,13 @@ def main() -> int:
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU: {cpu_name()}, {os.cpu_count()} vCPUs"
     for name, options in RUNS.items():
         option = options[-1]
-        opt = yaml.safe_load(Path(option).read_text())
+        stage_opts = [yaml.safe_load(Path(o).read_text()) for o in options]
+        opt = stage_opts[-1]
         exp = Path("experiments") / opt["name"]
         if not exp.is_dir():  # a run trained in another checkout: its shipped weights stay as they are
             print(f"kept weights/{name}.json: no {exp} here")
             continue
-        stages = [stage_facts(name, o, yaml.safe_load(Path(o).read_text()), device) for o in options]
+        stages = [stage_facts(name, o, stage_opt, device) for o, stage_opt in zip(options, stage_opts)]
         if None in stages:
             missing = options[stages.index(None)]
             raise SystemExit(f"{name}: no logs and no earlier card for {missing}: train it first")
@@ -142,7 +143,7 @@ def main() -> int:
             # BasicSR 1.4.2 sizes its epoch loop with ceil(len / batch) but drops the last partial batch, so a run
             # can stop short of total_iter (7,000 -> 6,954 here): the card gives the iterations actually run.
             "iterations": iterations,
-            "total_iter_option": sum(yaml.safe_load(Path(o).read_text())["train"]["total_iter"] for o in options),
+            "total_iter_option": sum(stage_opt["train"]["total_iter"] for stage_opt in stage_opts),
             "batch": train["batch_size_per_gpu"],
             "lr_patch": train["gt_size"] // opt["scale"],
             "seed": opt["manual_seed"],

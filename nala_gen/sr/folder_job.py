@@ -189,7 +189,7 @@ class FolderJob:
 
         def read_ahead(room: int, at_least: int = 0) -> None:
             """Submit reads while their inputs fit ``room`` (and at least ``at_least`` reads are queued)."""
-            while pending and (len(reads) < at_least or len(reads) < self._lookahead()):
+            while pending and (len(reads) < at_least or len(reads) < self.engine.max_batch):
                 item = pending[0]
                 item.estimate = decoded_bytes(item.src)
                 if len(reads) >= at_least and item.estimate > room:
@@ -226,7 +226,7 @@ class FolderJob:
                 group = [item]
                 key = self.engine.groupable(item.img)
                 # Batching: take the next inputs while they are of the same size (a different one ends the group).
-                while key is not None and len(group) < self._lookahead():
+                while key is not None and len(group) < self.engine.max_batch:
                     read_ahead(0, at_least=1)
                     following = reads[0][1].result().img if reads else None
                     if following is None or self.engine.groupable(following) != key:
@@ -252,9 +252,6 @@ class FolderJob:
             bar.close()
             pool.shutdown(wait=True)
         return self.failures
-
-    def _lookahead(self) -> int:
-        return self.engine.max_batch
 
     def _plans(self, group: list[Item]) -> list[tuple]:
         """[(plan, items)]: one batched plan for as many of the group as fit, then single plans for the rest."""
