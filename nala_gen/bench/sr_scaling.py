@@ -185,9 +185,11 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
     runs it), or the engine's auto tiles within a 4 GiB budget; FLOPs counted on the first (untimed) pass."""
     import resource
 
+    from nala_gen.sr.inference_graph import inference_graph
+
     limit_memory(mem_limit)
     torch.manual_seed(0)
-    net = build(model).eval().to(memory_format=torch.channels_last)
+    net = inference_graph(build(model).eval().to(memory_format=torch.channels_last))  # as the engine runs it
     x = padded_input(model, side, side).contiguous(memory_format=torch.channels_last)
     with torch.inference_mode():
         if tiled:
@@ -223,9 +225,10 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
 def profile_worker(model: str, side: int, repeats: int) -> dict:
     """Per-operator and per-layer times of one whole-image forward in this (fresh) process."""
     from nala_gen.bench.sr_profile import profile_forward
+    from nala_gen.sr.inference_graph import inference_graph
 
     torch.manual_seed(0)
-    net = build(model).eval().to(memory_format=torch.channels_last)
+    net = inference_graph(build(model).eval().to(memory_format=torch.channels_last))
     x = padded_input(model, side, side).contiguous(memory_format=torch.channels_last)
     return profile_forward(net, x, repeats)
 

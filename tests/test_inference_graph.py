@@ -1,0 +1,85 @@
+"""The faster inference graph (nala_gen.sr.inference_graph) computes the plain forward's function."""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from nala_gen.sr.esrt_arch import ESRT
+from nala_gen.sr.inference_graph import compose_chain, inference_graph
+from nala_gen.sr.nalasr_arch import NaLaSR
+from nala_gen.sr.upscaler import Upscaler
+
+TOL = 1e-5
+
+
+def trained_looking(net: nn.Module, seed: int) -> nn.Module:
+    """Random weights with every learned scale and bias away from its initial value, so no term hides."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return net.eval()
+
+
+def plain_and_graph(net: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.inference_mode():
+        return net(x), inference_graph(net)(x)
+
+
+@pytest.mark.parametrize("scale", [2, 3, 4])
+@pytest.mark.parametrize("size", [(23, 31), (13, 12), (5, 7), (2, 2)])
+def test_nalasr_graph_equals_the_plain_forward(scale, size):
+    net = trained_looking(NaLaSR(upscale=scale, num_feat=16, num_block=1, num_heads=4), seed=scale)
+    x = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(1))
+    plain, graph = plain_and_graph(net, x)
+    assert graph.shape == (2, 3, size[0] * scale, size[1] * scale)
+    assert (plain - graph).abs().max().item() <= TOL
+
+
+def test_esrt_graph_equals_the_plain_forward_channels_last():
+    net = trained_looking(ESRT(upscale=4, num_feat=16, num_block=1, num_heads=4), seed=0)
+    net = net.to(memory_format=torch.channels_last)
+    x = torch.rand(1, 3, 29, 18).contiguous(memory_format=torch.channels_last)
+    plain, graph = plain_and_graph(net, x)
+    assert (plain - graph).abs().max().item() <= TOL
+
+
+def test_composed_kernel_has_the_chains_reach():
+    # reduce (3x3) -> x4 as two (3x3 conv, shuffle) stages -> 3x3 conv: 1 + 1 + 1/2 + 1/4 LR px, so 3 taps out
+    chain = nn.Sequential(
+        nn.Conv2d(8, 8, 3, padding=1),
+        nn.Conv2d(8, 32, 3, padding=1),
+        nn.PixelShuffle(2),
+        nn.Conv2d(8, 32, 3, padding=1),
+        nn.PixelShuffle(2),
+        nn.Conv2d(8, 3, 3, padding=1),
+    )
+    weight, bias, radius = compose_chain(chain, 8, 4)
+    assert radius == 3 and weight.shape == (48, 8, 7, 7) and bias.shape == (48,)
+    with pytest.raises(ValueError, match="max_radius"):
+        compose_chain(chain, 8, 4, max_radius=3)
+
+
+def test_the_graph_is_built_once_and_again_after_new_weights():
+    net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=3)
+    graph = inference_graph(net)
+    assert inference_graph(net) is graph
+    other = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=4)
+    net.load_state_dict(other.state_dict())
+    assert inference_graph(net) is not graph
+    x = torch.rand(1, 3, 17, 19)
+    with torch.inference_mode():
+        assert (inference_graph(net)(x) - other(x)).abs().max().item() <= TOL
+    assert inference_graph(net.train()) is net  # training runs the plain modules
+
+
+def test_the_engine_runs_the_graph_and_matches_the_plain_network_on_tiles():
+    net = trained_looking(NaLaSR(upscale=4, num_feat=16, num_block=1, num_heads=4), seed=5)
+    img = np.random.default_rng(0).integers(0, 65536, (45, 38, 3), dtype=np.uint16)
+    engine = Upscaler(net, 4, "cpu", tile=32, tile_pad=8)
+    assert engine.model is not engine.network
+    fast, _ = engine.upscale(img)
+    engine.model = engine.network
+    plain, _ = engine.upscale(img)
+    assert np.abs(fast.astype(np.int64) - plain.astype(np.int64)).max() <= 1
