@@ -83,3 +83,36 @@ def test_the_engine_runs_the_graph_and_matches_the_plain_network_on_tiles():
     engine.model = engine.network
     plain, _ = engine.upscale(img)
     assert np.abs(fast.astype(np.int64) - plain.astype(np.int64)).max() <= 1
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"gate": False}, {"lepe": False, "rope": False}, {"kernel": "relu"}, {"kernel": "softmax"}, {"norm_scale": 2.0}],
+)
+def test_graph_of_every_block_variant(options):
+    net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4, **options), seed=6)
+    x = torch.rand(1, 3, 19, 14, generator=torch.Generator().manual_seed(2))
+    plain, graph = plain_and_graph(net, x)
+    assert (plain - graph).abs().max().item() <= TOL
+
+
+def test_negative_and_zero_residual_scales_are_not_folded_through_relu():
+    net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=7)
+    with torch.no_grad():
+        net.body.hpbs[0].entry.scale_res.scale.fill_(-0.5)
+        net.body.hpbs[0].exit.scale_res.scale.fill_(0.0)
+    x = torch.rand(1, 3, 16, 17, generator=torch.Generator().manual_seed(3))
+    plain, graph = plain_and_graph(net, x)
+    assert (plain - graph).abs().max().item() <= TOL
+
+
+def test_graph_is_faithful_on_the_shipped_weights():
+    from nala_gen.sr.models import load_sr_model
+
+    for name in ("nalasr-light-x4", "esrt-x4"):
+        net = load_sr_model(name, 4)[0].to(memory_format=torch.channels_last)
+        x = torch.rand(1, 3, 40, 33, generator=torch.Generator().manual_seed(4)).contiguous(
+            memory_format=torch.channels_last
+        )
+        plain, graph = plain_and_graph(net, x)
+        assert (plain - graph).abs().max().item() <= TOL

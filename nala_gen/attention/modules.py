@@ -32,12 +32,13 @@ Grid = tuple[int, int]
 
 
 def tokens_to_map(x: Tensor, hw: Grid) -> Tensor:
-    """(B, N, C) tokens in row-major order -> (B, C, H, W)."""
+    """(B, N, C) tokens in row-major order -> (B, C, H, W), channels-last: a view of contiguous tokens, so a
+    convolution reads them as they lie (an NCHW map would transpose all of them first)."""
     b, n, c = x.shape
     h, w = hw
     if n != h * w:
         raise ValueError(f"{n} tokens do not fill a {h}x{w} grid")
-    return x.transpose(1, 2).reshape(b, c, h, w)
+    return x.reshape(b, h, w, c).permute(0, 3, 1, 2)
 
 
 def map_to_tokens(x: Tensor) -> Tensor:
@@ -160,6 +161,10 @@ class NaLaAttention(nn.Module):
 
     def forward(self, x: Tensor, hw: Grid | None = None) -> Tensor:
         """x: (B, N, C); hw: the (H, W) grid of the N tokens (enables RoPE and LePE). Returns (B, N, out_dim)."""
+        return self.proj(self.mix(x, hw))
+
+    def mix(self, x: Tensor, hw: Grid | None = None) -> Tensor:
+        """Everything before the output projection: (B, N, C) -> (B, N, C)."""
         b, n, c = x.shape
         if hw is not None and hw[0] * hw[1] != n:
             raise ValueError(f"{n} tokens do not fill a {hw[0]}x{hw[1]} grid")
@@ -176,7 +181,7 @@ class NaLaAttention(nn.Module):
             out = out + map_to_tokens(self.lepe(v_map))
         if self.out_norm is not None:
             out = self.out_norm(out) * F.silu(parts[3].transpose(1, 2).reshape(b, n, c))
-        return self.proj(out)
+        return out
 
 
 class ConvFFN(nn.Module):

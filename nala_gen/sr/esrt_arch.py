@@ -192,12 +192,15 @@ class EMHA(nn.Module):
 
     def forward(self, x: Tensor, hw: Grid | None = None) -> Tensor:
         """x: (B, N, dim) -> (B, N, dim); ``hw`` is accepted for a common signature and not used."""
+        return self.proj(self.mix(self.reduce(x), hw))
+
+    def mix(self, x: Tensor, hw: Grid | None = None) -> Tensor:
+        """Reduced tokens (B, N, dim // 2) -> the attention's output before its projection, (B, N, dim // 2)."""
         b, n, _ = x.shape
-        x = self.reduce(x)
         q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4)
         report_queries_keys(q, k)  # for diagnostics; a no-op unless record_queries_keys() is open
         out = split_softmax_attention(q, k, v, self.scale, self.num_splits)
-        return self.proj(out.transpose(1, 2).reshape(b, n, -1))
+        return out.transpose(1, 2).reshape(b, n, -1)
 
 
 class EfficientTransformer(nn.Module):

@@ -3,20 +3,26 @@
 Made by :func:`inference_graph` from a trained network in well under a second (no compilation), so a one-image
 ``nala-sr upscale`` gains from it. What it changes, each exact in real arithmetic:
 
-* **Upsamplers as one LR convolution each.** ESRT's tail (``reduce`` conv -> conv + PixelShuffle stages -> conv to
-  RGB) and its skip upsampler (the same stages, then a bias-free conv and ReLU) are chains of linear maps, so each
-  is one convolution of the LR features to ``3 * scale^2`` channels followed by one PixelShuffle (``ReLU`` commutes
-  with the shuffle). At x4 the two chains cost about 0.8 MFLOP per LR pixel, running three quarters of it at 2x
-  and 4x resolution; as 7x7 and 5x5 LR convolutions they cost about 0.23 MFLOP and never build a 2x or 4x feature
-  map. The composed kernel is read off the chain itself (its response to unit impulses, in float64), so it is
-  right for any scale and any weights.
+* **Upsamplers as one LR convolution each.** ESRT's tail (conv + PixelShuffle stages, then a conv to RGB) and
+  its skip upsampler (the same stages, then a bias-free conv and ReLU) are chains of linear maps, so each is one
+  convolution of the LR features to ``3 * scale^2`` channels followed by one PixelShuffle (``ReLU`` commutes with
+  the shuffle). At x4 the two chains cost about 0.8 MFLOP per LR pixel, three quarters of it at 2x and 4x
+  resolution; as two 5x5 LR convolutions they cost about 0.15 MFLOP and never build a 2x or 4x feature map. The
+  composed kernel is read off the chain itself (its response to unit impulses, in float64), so it is right for
+  any scale and any weights.
 * **Borders recomputed.** The chain pads every intermediate map with zeros, the composed convolution only the
   input, so they differ within the composed kernel's radius ``R`` of an edge. Those bands (``R`` LR pixels on each
   side) are computed with the original chain on strips ``2R`` wide and pasted in; inputs too small for that run
   the original chain.
+* **The Efficient Transformer without its 9C-wide tokens** (:class:`ComposedTransformer`): the unfold, both
+  LayerNorms, the reduction, the residual adds and the fold become one 3x3 convolution of the features, one
+  Linear after the attention and two transposed convolutions; the attention itself runs as trained.
+* **Learned scalars folded** (:class:`FoldedARFB`): the ARFBs' learned scales go into their convolutions' weights
+  or onto the residual adds, so no pass multiplies a whole feature map by a scalar.
 
-The graph shares the network's other modules (and so its weights): build it again after changing weights.
-Outputs match the plain forward to float32 rounding (tests hold them to 1e-5).
+The graph keeps its own copy of the body (folded weights) and shares the head; :func:`inference_graph` builds it
+again when the network's parameters change. Outputs match the plain forward to float32 rounding (tests hold
+them to 1e-5; on the shipped weights the largest difference is a few 1e-6).
 """
 
 from __future__ import annotations
@@ -110,6 +116,182 @@ class ComposedUpsampler(nn.Module):
         return out
 
 
+def _padded_rows(weight: Tensor, multiple: int = 16) -> Tensor:
+    """``weight`` with zero rows appended up to a multiple of ``multiple`` outputs: GEMMs and convolutions to an
+    odd width (218, 362) ran 20-30 % slower here than to the next multiple of 16."""
+    extra = -weight.shape[0] % multiple
+    return torch.cat([weight, weight.new_zeros(extra, *weight.shape[1:])]) if extra else weight
+
+
+class ComposedTransformer(nn.Module):
+    """ESRT's Efficient Transformer (``EfficientTransformer``) without its ``9C``-wide tokens.
+
+    The transformer unfolds x (B, C, H, W) into tokens T of width D = 9C, computes ``a = T + proj(mix(reduce(
+    LN1(T))))`` and ``b = a + MLP(LN2(a))``, and folds b back. Every map around ``mix`` is linear or a LayerNorm,
+    so with ``h = mix(...)`` (width R = D / 2) and the MLP's hidden ``z`` (width M):
+
+    * ``reduce(LN1(T)) = rstd_T * (conv(x) - mean_T * rowsum) + reduce(beta1)``: a 3x3 convolution of x, the
+      token's mean and variance from 3x3 box sums of the channel sum and sum of squares (the zero padding counted,
+      as in unfold);
+    * LN2's statistics of ``a = T + W_p h + b_p`` from ``sum T``, ``sum T^2``, ``T . W_p h`` (a convolution of x
+      with ``W_p^T``, dotted with h) and ``|W_p h|^2 = h . (W_p^T W_p) h``; its product with ``fc1`` likewise;
+    * ``fold(b) = count * x + conv_transpose(h, W_p) + conv_transpose(z, W_2) + fold(b_p + b_2)``, ``count`` the
+      number of 3x3 windows covering a pixel.
+
+    One convolution of x (to 2R + M + 2 channels) and one Linear on h replace the unfold, both LayerNorms, the
+    reduction and the two residual adds over D-wide tokens, and the fold; the attention (``mix``) and the MLP's
+    second layer run as before. Per LR pixel it does about a third more multiply-adds than the plain module, all
+    in convolutions and GEMMs, and moves several times fewer bytes.
+
+    Args:
+        et: a trained :class:`~nala_gen.sr.esrt_arch.EfficientTransformer` whose attention has ``reduce`` (no
+            bias), ``mix(tokens, hw)`` and ``proj`` (EMHA and NaLaSR's NaLa block both do); it is shared.
+    """
+
+    def __init__(self, et: nn.Module) -> None:
+        super().__init__()
+        attn = et.attn
+        if attn.reduce.bias is not None:
+            raise TypeError("the attention's reduction is expected to have no bias (ESRT's layout)")
+        self.attention = attn
+        like = attn.reduce.weight
+
+        def f64(t: Tensor) -> Tensor:
+            return t.detach().double().cpu()
+
+        w_r = f64(attn.reduce.weight)  # (R, D)
+        w_p, b_p = f64(attn.proj.weight), f64(attn.proj.bias)  # (D, R), (D,)
+        w_1, b_1 = f64(et.mlp[0].weight), f64(et.mlp[0].bias)  # (M, D), (M,)
+        w_2, b_2 = f64(et.mlp[2].weight), f64(et.mlp[2].bias)  # (D, M), (D,)
+        w_r_g = w_r * f64(et.norm1.weight)  # reduce after LN1's scale
+        w_1_g = w_1 * f64(et.norm2.weight)  # fc1 after LN2's scale
+        dim = w_r.shape[1]
+        channels, self.reduced, self.hidden = dim // 9, w_r.shape[0], w_1.shape[0]
+        self.dim, self.eps1, self.eps2 = dim, et.norm1.eps, et.norm2.eps
+        ones = torch.ones(1, dim, dtype=torch.float64)
+        buffers = {
+            # conv of x -> [reduce(g1 T) | W_p^T T | fc1(g2 T) | b_p . T | sum T | zeros], 2R + M + 2 (+ pad)
+            "x_weight": _padded_rows(torch.cat([w_r_g, w_p.T, w_1_g, b_p[None], ones])).view(-1, channels, 3, 3),
+            # Linear on h -> [W_p^T W_p h | fc1(g2 W_p h) | sum W_p h | b_p . W_p h | zeros], R + M + 2 (+ pad)
+            "h_weight": _padded_rows(
+                torch.cat([w_p.T @ w_p, w_1_g @ w_p, w_p.sum(0, keepdim=True), (b_p @ w_p)[None]])
+            ),
+            "reduce_sum": w_r_g.sum(1),
+            "reduce_bias": w_r @ f64(et.norm1.bias),
+            "fc1_sum": w_1_g.sum(1),
+            "fc1_inner": w_1_g @ b_p,
+            "fc1_bias": w_1 @ f64(et.norm2.bias) + b_1,
+            "proj_bias_sum": b_p.sum().view(1),
+            "proj_bias_sq": (b_p @ b_p).view(1),
+            "fold_h": w_p.T.reshape(self.reduced, channels, 3, 3),  # conv_transpose2d: (in, out, 3, 3)
+            "fold_z": w_2.T.reshape(self.hidden, channels, 3, 3),
+            "fold_bias": (b_p + b_2).view(1, channels, 3, 3),
+            "box": torch.ones(1, 1, 3, 3, dtype=torch.float64),
+        }
+        for name, value in buffers.items():
+            self.register_buffer(name, value.to(like), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (B, C, H, W) -> (B, C, H, W), the Efficient Transformer's output."""
+        b, _, height, width = x.shape
+        n, d, r, m = height * width, self.dim, self.reduced, self.hidden
+
+        def tokens(t: Tensor) -> Tensor:  # (B, K, H, W) -> (B, N, K); a view for channels-last maps
+            return t.permute(0, 2, 3, 1).reshape(b, n, -1)
+
+        def grid(t: Tensor) -> Tensor:  # (B, N, K) -> (B, K, H, W), channels-last strides
+            return t.view(b, height, width, -1).permute(0, 3, 1, 2)
+
+        conv = tokens(F.conv2d(x, self.x_weight, padding=1))  # (B, N, 2R + M + 2 + pad)
+        sum_t = conv[..., 2 * r + m + 1 : 2 * r + m + 2]
+        sq_t = tokens(F.conv2d(x.square().sum(1, keepdim=True), self.box, padding=1))  # (B, N, 1): sum T^2
+        mean_t = sum_t / d
+        rstd_t = torch.rsqrt(sq_t / d - mean_t.square() + self.eps1)
+        reduced = (conv[..., :r] - mean_t * self.reduce_sum).mul_(rstd_t).add_(self.reduce_bias)
+        h = self.attention.mix(reduced, (height, width))  # (B, N, R)
+        lin = F.linear(h, self.h_weight)  # (B, N, R + M + 2 + pad)
+        mean_a = (sum_t + lin[..., r + m : r + m + 1] + self.proj_bias_sum) / d
+        t_dot_o = (conv[..., r : 2 * r] * h).sum(-1, keepdim=True) + conv[..., 2 * r + m : 2 * r + m + 1]
+        o_sq = (lin[..., :r] * h).sum(-1, keepdim=True) + 2 * lin[..., r + m + 1 : r + m + 2] + self.proj_bias_sq
+        rstd_a = torch.rsqrt((sq_t + 2 * t_dot_o + o_sq) / d - mean_a.square() + self.eps2)
+        pre = conv[..., 2 * r : 2 * r + m] + lin[..., r : r + m] + self.fc1_inner
+        z = (pre - mean_a * self.fc1_sum).mul_(rstd_a).add_(self.fc1_bias).relu_()  # (B, N, M)
+        ones = x.new_ones(1, 1, height, width)
+        out = F.conv_transpose2d(grid(h), self.fold_h, padding=1)
+        out += F.conv_transpose2d(grid(z), self.fold_z, padding=1)
+        out += F.conv_transpose2d(ones, self.fold_bias, padding=1)
+        return out.addcmul_(x, F.conv_transpose2d(ones, self.box, padding=1))
+
+
+def _scalar(scale: nn.Module) -> float:
+    """The value of a LearnedScale."""
+    return float(scale.scale.detach())
+
+
+def _scaled_conv(conv: nn.Conv2d, out_scale: Tensor | float = 1.0, in_scale: Tensor | None = None) -> nn.Conv2d:
+    """A copy of ``conv`` computing ``out_scale * conv(in_scale * x)`` (scales per channel or scalar)."""
+    folded = copy.deepcopy(conv)
+    with torch.no_grad():
+        weight = folded.weight * torch.as_tensor(out_scale).reshape(-1, 1, 1, 1)
+        if in_scale is not None:
+            weight = weight * in_scale.reshape(1, -1, 1, 1)
+        folded.weight.copy_(weight)
+        if folded.bias is not None:
+            folded.bias.mul_(torch.as_tensor(out_scale).reshape(-1))
+    return folded
+
+
+class FoldedResidualUnit(nn.Module):
+    """ESRT's residual unit with its two learned scales folded: ``conv2`` carries ``s_res`` and ``s_x`` rides on
+    the residual add, so no pass multiplies a whole feature map by a scalar."""
+
+    def __init__(self, unit: nn.Module) -> None:
+        super().__init__()
+        conv1, act, conv2 = unit.body
+        self.body = nn.Sequential(conv1, act, _scaled_conv(conv2, unit.scale_res.scale.detach()))
+        self.scale_x = _scalar(unit.scale_x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.body(x).add_(x, alpha=self.scale_x)
+
+
+class FoldedARFB(nn.Module):
+    """ESRT's ARFB with its learned scales folded (see :class:`FoldedResidualUnit`): ``s_x1, s_x2`` into the 1x1
+    fusion's input channels, ``s_res`` into the last conv (``s * ReLU(t) = ReLU(s * t)`` needs ``s >= 0``; a
+    negative one stays a multiplication), ``s_x`` onto the residual add."""
+
+    def __init__(self, arfb: nn.Module) -> None:
+        super().__init__()
+        channels = arfb.fuse[0].out_channels
+        self.ru1, self.ru2 = FoldedResidualUnit(arfb.ru1), FoldedResidualUnit(arfb.ru2)
+        branch_scales = torch.cat([arfb.scale_x2.scale.expand(channels), arfb.scale_x1.scale.expand(channels)])
+        self.fuse = nn.Sequential(_scaled_conv(arfb.fuse[0], in_scale=branch_scales.detach()), arfb.fuse[1])
+        self.attention = arfb.attention
+        scale_res = _scalar(arfb.scale_res)
+        folds = scale_res > 0
+        self.conv = nn.Sequential(_scaled_conv(arfb.conv[0], scale_res if folds else 1.0), arfb.conv[1])
+        self.out_scale = None if folds else scale_res
+        self.scale_x = _scalar(arfb.scale_x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x1 = self.ru1(x)
+        x2 = self.ru2(x1)
+        y = self.conv(self.attention(self.fuse(torch.cat((x2, x1), dim=1))))
+        if self.out_scale is not None:
+            y = y * self.out_scale
+        return y.add_(x, alpha=self.scale_x)
+
+
+def _folded_body(body: nn.Module) -> nn.Module:
+    """A copy of ESRT's body whose ARFBs are folded and whose transformers are composed."""
+    body = copy.deepcopy(body)
+    for hpb in body.hpbs:
+        for name in ("entry", "low", "high", "exit"):
+            setattr(hpb, name, FoldedARFB(getattr(hpb, name)))
+    body.transformer = nn.Sequential(*(ComposedTransformer(et) for et in body.transformer))
+    return body
+
+
 class ESRTInferenceGraph(nn.Module):
     """An ESRT-layout network's forward with its two upsamplers composed (see the module docstring).
 
@@ -121,19 +303,22 @@ class ESRTInferenceGraph(nn.Module):
         super().__init__()
         channels = net.head.out_channels
         self.head = net.head
-        self.body = net.body
         self.upscale = net.upscale
-        self.tail = ComposedUpsampler(nn.Sequential(net.reduce, *net.tail), channels, net.upscale)
+        # The 3x3 ``reduce`` before the tail stays its own layer: composed in, it would widen the kernel from 5x5
+        # to 7x7 (about twice the multiply-adds of the two apart).
+        self.reduce = net.reduce
+        self.tail = ComposedUpsampler(net.tail, channels, net.upscale)
         if not isinstance(net.skip[-1], nn.ReLU):
             raise TypeError("the skip upsampler is expected to end in a ReLU (ESRT's layout)")
         self.skip = ComposedUpsampler(nn.Sequential(*list(net.skip)[:-1]), channels, net.upscale)
+        self.body = _folded_body(net.body)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C_in, H, W) in [0, 1] -> (B, C_out, H * upscale, W * upscale)."""
         if min(x.shape[-2:]) < 2:
             raise ValueError(f"input must be at least 2x2 pixels, got {tuple(x.shape[-2:])}")
         shallow = self.head(x)
-        out = self.tail(self.body(shallow)).add_(self.skip(shallow).relu_())
+        out = self.tail(self.reduce(self.body(shallow))).add_(self.skip(shallow).relu_())
         return F.pixel_shuffle(out, self.upscale)
 
 

@@ -33,6 +33,9 @@ NALASR_SIZES = {
 class NaLaTokenAttention(nn.Module):
     """ESRT's token reduction (``dim -> dim // 2``, no bias), then the NaLa block projecting back to ``dim``.
 
+    As :class:`~nala_gen.sr.esrt_arch.EMHA`: ``forward = proj(mix(reduce(x)))`` with ``reduce`` and ``proj``
+    Linear layers (the inference graph composes them with the transformer's LayerNorms and fold).
+
     Args:
         dim: token width (``9 * num_feat``).
         num_heads: heads of the NaLa block.
@@ -44,6 +47,14 @@ class NaLaTokenAttention(nn.Module):
         super().__init__()
         self.reduce = nn.Linear(dim, dim // 2, bias=False)
         self.block = NaLaAttention(dim // 2, num_heads, out_dim=dim, **block_options)
+
+    @property
+    def proj(self) -> nn.Linear:
+        return self.block.proj
+
+    def mix(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
+        """Reduced tokens (B, N, dim // 2) -> the block's output before its projection, (B, N, dim // 2)."""
+        return self.block.mix(x, hw)
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         """x: (B, N, dim) tokens of an H x W grid -> (B, N, dim)."""
