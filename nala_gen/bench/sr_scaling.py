@@ -226,14 +226,16 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
 
 
 def profile_worker(model: str, side: int, repeats: int) -> dict:
-    """Per-operator and per-layer times of one whole-image forward in this (fresh) process."""
+    """Per-operator and per-layer times of one whole-image forward in this (fresh) process, run as peer_worker runs it."""
     from nala_gen.bench.sr_profile import profile_forward
+    from nala_gen.profiling import reused_large_temporaries
     from nala_gen.sr.inference_graph import inference_graph
 
     torch.manual_seed(0)
     net = inference_graph(build(model).eval().to(memory_format=torch.channels_last))
     x = padded_input(model, side, side).contiguous(memory_format=torch.channels_last)
-    return profile_forward(net, x, repeats)
+    with reused_large_temporaries():  # as peer_worker and the engine run a pass
+        return profile_forward(net, x, repeats)
 
 
 def profiles(models: list[str], side: int, repeats: int, out: Path) -> int:
