@@ -347,7 +347,9 @@ def sr_peers_table() -> str:
     psnr = data.get("ablation_psnr", {})
     lines = [
         f"x4, fp32, batch 1, channels-last, random weights (speed and memory do not depend on them), whole-image "
-        f"forward unless marked tiled (the engine's auto tiles, 4 GiB budget); median of {data['repeats']} runs "
+        f"forward as the upscaling engine runs it (NaLaSR and ESRT through their inference graph; every network "
+        f"with the engine's reused temporaries) unless marked tiled (the engine's auto tiles, 4 GiB budget); "
+        f"median of {data['repeats']} runs "
         f"after an untimed pass that also counts the FLOPs; fresh process per point, process peak = its "
         f"`ru_maxrss` (libraries included); {cores(machine)}, torch {machine['torch']}.",
         "",
