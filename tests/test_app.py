@@ -239,6 +239,24 @@ def test_scaling_rows():
         assert scaling.plot(committed, "t") is not None
 
 
+def test_upscale_tab_marks_the_chosen_model_on_the_peer_board(app):
+    from nala_gen.app import scaling
+
+    board = scaling.peer_board(REPO / "benchmarks" / "results")
+    assert board is not None
+
+    def labels(arch):
+        return [t.get_text() for t in scaling.pareto_for(board, arch).axes[0].texts]
+
+    assert "nalasr (chosen)" in labels("NaLaSR") and "esrt" in labels("NaLaSR")
+    assert "esrt (chosen)" in labels("ESRT") and "nalasr" in labels("ESRT")
+    assert not any("chosen" in t for t in labels("SomethingElse"))
+    _, demo = app
+    assert demo.engine.sr_arch(SR_NAME) == "NaLaSR" and demo.engine.sr_arch("no-such-model") is None
+    plots = [b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "upscale-pareto"]
+    assert len(plots) == 1
+
+
 def test_one_job_at_a_time(app):
     """The heavy events share one queue slot, so two users never run two models at once."""
     events = {fn.api_name: fn for fn in app[1].fns.values() if fn.api_name in ("upscale", "generate", "measure")}
@@ -296,6 +314,7 @@ def test_browser_session(app, tmp_path):
             page.locator("#upscale-tile-mode").get_by_text("off", exact=True).click()
             page.locator("#upscale-button").click()
             page.wait_for_function(_loaded("#upscale-slider img", 2), timeout=60_000)
+            expect(page.locator("#upscale-pareto")).to_be_visible()  # where the model sits among its peers
             sizes = _image_sizes(page, "#upscale-slider img")
             assert sizes and all(s == [lr.width * 4, lr.height * 4] for s in sizes), sizes
             readout = page.locator("#upscale-readout")

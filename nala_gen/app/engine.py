@@ -115,6 +115,15 @@ class Engine:
         cards = list_weights("sr")
         return [(c.name, c.scale or 4, f"{c.name} · x{c.scale or 4}") for c in cards]
 
+    def sr_arch(self, name: str | None) -> str | None:
+        """The architecture of an installed super-resolution weight (``NaLaSR``, ``ESRT``), None if unknown."""
+        from nala_gen.weights import WeightsError, resolve
+
+        try:
+            return resolve(name).arch if name else None
+        except WeightsError:
+            return None
+
     def diffusion_models(self) -> list[tuple[str, str]]:
         """(spec, label) of every named diffusion pipeline plus the folders given with ``--pipeline``."""
         from nala_gen.weights import list_weights

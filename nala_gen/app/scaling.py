@@ -102,6 +102,23 @@ def committed_sr(results_dir: Path) -> list[list]:
     return rows
 
 
+def peer_board(results_dir: Path) -> tuple[list[dict], dict] | None:
+    """(rows, equal-budget PSNR per network) of the committed peer board (``sr_peers.json``), or None."""
+    path = Path(results_dir) / "sr_peers.json"
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    return data.get("rows", []), {m: tuple(v) for m, v in data.get("ablation_psnr", {}).items()}
+
+
+def pareto_for(board: tuple[list[dict], dict], arch: str | None):
+    """The board's quality-against-speed plot with the network of ``arch`` (a weight card's) marked as chosen."""
+    from nala_gen.bench.sr_scaling import BOARD_ARCH, pareto_figure
+
+    rows, psnr = board
+    return pareto_figure(rows, psnr, BOARD_ARCH.get(arch or ""))
+
+
 # ------------------------------------------------------------------------------------------------------ live
 def _grid(tokens: int) -> tuple[int, int]:
     """A near-square (h, w) grid with h * w close to ``tokens`` (exact for 256 x 280 = 71,680)."""

@@ -174,6 +174,19 @@ def build_upscale_tab(engine: Engine) -> dict:
             readout = gr.Markdown(elem_id="upscale-readout")
             with gr.Accordion("Readout (JSON)", open=False):
                 readout_json = gr.JSON(elem_id="upscale-json")
+            board = scaling.peer_board(engine.config.results_dir)
+            if board:
+                with gr.Accordion("This model among its peers", open=True, elem_id="upscale-peers"):
+                    pareto = gr.Plot(
+                        scaling.pareto_for(board, engine.sr_arch(_preferred_model(choices0, int(scale0)))),
+                        elem_id="upscale-pareto",
+                    )
+                    gr.Markdown(
+                        "The committed `nala-bench peers` board: x4 networks at 1 MP out on the CPU named in the "
+                        "README, PSNR-Y of equal-budget trainings (1,000 iterations on the embedded set, mean ± sd "
+                        "over seeds). The chosen model is marked by its architecture (an x2 model at its x4 point).",
+                        elem_id="upscale-peers-note",
+                    )
     with gr.Accordion(
         f"Video: a short clip (up to {engine.config.max_video_seconds:g} s, frames up to "
         f"{engine.config.max_video_pixels:,} pixels), every frame through the model above, audio kept",
@@ -244,6 +257,14 @@ def build_upscale_tab(engine: Engine) -> dict:
         return gr.update(choices=choices, value=_preferred_model(choices, s))
 
     scale.input(on_scale, scale, model, api_visibility="private", queue=False)
+    if board:
+        model.change(
+            lambda name: scaling.pareto_for(board, engine.sr_arch(name)),
+            model,
+            pareto,
+            api_visibility="private",
+            queue=False,
+        )
 
     def refresh(current_scale, current_model):
         models = engine.sr_models()

@@ -226,7 +226,8 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
 
 
 def profile_worker(model: str, side: int, repeats: int) -> dict:
-    """Per-operator and per-layer times of one whole-image forward in this (fresh) process, run as peer_worker runs it."""
+    """Per-operator and per-layer times of one whole-image forward in this (fresh) process, run as peer_worker
+    runs it."""
     from nala_gen.bench.sr_profile import profile_forward
     from nala_gen.profiling import reused_large_temporaries
     from nala_gen.sr.inference_graph import inference_graph
@@ -270,8 +271,13 @@ def ablation_psnr(path: Path) -> dict[str, tuple[float, float | None, int]]:
     }
 
 
-def plot_pareto(rows: list[dict], psnr: dict, path: Path) -> None:
-    """PSNR (equal-budget ablation) against output MP/s at 1 MP; networks without a PSNR are listed aside."""
+# weight-card arch -> its network on the peer board
+BOARD_ARCH = {"NaLaSR": "nalasr", "ESRT": "esrt"}
+
+
+def pareto_figure(rows: list[dict], psnr: dict, highlight: str | None = None):
+    """PSNR (equal-budget ablation) against output MP/s at 1 MP; networks without a PSNR are listed aside.
+    ``highlight``: a board network drawn larger and labelled as the chosen one (the app's Upscale tab)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -285,16 +291,25 @@ def plot_pareto(rows: list[dict], psnr: dict, path: Path) -> None:
             missing.append(model)
             continue
         mean, sd, _ = psnr[model]
-        ax.errorbar(r["megapixels_per_s"], mean, yerr=sd or 0, fmt="o", capsize=3)
-        ax.annotate(model, (r["megapixels_per_s"], mean), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        chosen = model == highlight
+        ax.errorbar(r["megapixels_per_s"], mean, yerr=sd or 0, fmt="o", capsize=3, ms=11 if chosen else 6,
+                    mec="black" if chosen else None, zorder=3 if chosen else 2)  # fmt: skip
+        label = f"{model} (chosen)" if chosen else model
+        ax.annotate(label, (r["megapixels_per_s"], mean), textcoords="offset points", xytext=(5, 4), fontsize=8,
+                    fontweight="bold" if chosen else "normal")  # fmt: skip
     ax.set_xscale("log")
     ax.set_xlabel("output MP/s at 1 MP out (this CPU, fp32)")
     ax.set_ylabel("PSNR-Y, mini val, x4, equal budget (dB)")
     note = f"; no equal-budget PSNR yet: {', '.join(missing)}" if missing else ""
     ax.set_title(f"Quality against speed{note}", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path)
     plt.close(fig)
+    return fig
+
+
+def plot_pareto(rows: list[dict], psnr: dict, path: Path) -> None:
+    """:func:`pareto_figure` as a PNG."""
+    pareto_figure(rows, psnr).savefig(path)
 
 
 def peers_main(argv: list[str] | None = None) -> int:
