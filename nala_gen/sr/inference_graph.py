@@ -235,16 +235,15 @@ def _scalar(scale: nn.Module) -> float:
 
 
 def _scaled_conv(conv: nn.Conv2d, out_scale: Tensor | float = 1.0, in_scale: Tensor | None = None) -> nn.Conv2d:
-    """A copy of ``conv`` computing ``out_scale * conv(in_scale * x)`` (scales per channel or scalar)."""
-    folded = copy.deepcopy(conv)
+    """``conv`` changed in place to compute ``out_scale * conv(in_scale * x)`` (scales per channel or scalar); it
+    belongs to the graph's own copy of the body (:func:`_folded_body`), so the network keeps its weights."""
     with torch.no_grad():
-        weight = folded.weight * torch.as_tensor(out_scale).reshape(-1, 1, 1, 1)
+        conv.weight.mul_(torch.as_tensor(out_scale).reshape(-1, 1, 1, 1))
         if in_scale is not None:
-            weight = weight * in_scale.reshape(1, -1, 1, 1)
-        folded.weight.copy_(weight)
-        if folded.bias is not None:
-            folded.bias.mul_(torch.as_tensor(out_scale).reshape(-1))
-    return folded
+            conv.weight.mul_(in_scale.reshape(1, -1, 1, 1))
+        if conv.bias is not None:
+            conv.bias.mul_(torch.as_tensor(out_scale).reshape(-1))
+    return conv
 
 
 class FoldedResidualUnit(nn.Module):
@@ -302,7 +301,8 @@ class ESRTInferenceGraph(nn.Module):
     """An ESRT-layout network's forward with its two upsamplers composed (see the module docstring).
 
     Args:
-        net: a trained :class:`~nala_gen.sr.esrt_arch.ESRTLayout` (NaLaSR or ESRT); its modules are shared.
+        net: a trained :class:`~nala_gen.sr.esrt_arch.ESRTLayout` (NaLaSR or ESRT); the graph shares its head and
+            upsamplers and folds a copy of its body.
     """
 
     def __init__(self, net: ESRTLayout) -> None:
