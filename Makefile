@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/nala-bench sr
 	$(BIN)/nala-bench peers --skip esrt:500  # ESRT at 4 MP out: over 20 minutes (quadratic attention)
 	$(BIN)/nala-bench upscale --engines torch torch_eager onnxruntime
+	$(BIN)/nala-bench upscale-overhead
 	$(BIN)/nala-bench upscale-memory
 	$(BIN)/nala-bench upscale-folder
 	$(BIN)/nala-bench trained-entropy

@@ -25,3 +25,18 @@ def pick_device(device: str = "auto") -> torch.device:
     if device.startswith("mps") and not torch.backends.mps.is_available():
         raise ValueError("MPS was asked for but is not available; use --device cpu")
     return torch.device(device)
+
+
+def cpu_model() -> str:
+    """The processor's name (``/proc/cpuinfo`` on Linux, else what ``platform`` says): the same script gives other
+    figures on another CPU, and a shared machine's CPU can change between sessions."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

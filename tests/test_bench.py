@@ -94,6 +94,23 @@ def test_upscale_throughput_bench_writes_consistent_rows(tmp_path):
     assert (tmp_path / "upscale_throughput.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_upscale_overhead_bench_splits_a_one_image_run(tmp_path):
+    pytest.importorskip("matplotlib")
+    from nala_gen.bench import upscale_overhead
+    from nala_gen.bench.upscale_overhead import PHASES
+
+    assert upscale_overhead.main(["--side", "24", "--repeats", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "upscale_overhead.json").read_text())
+    for run in (result["cli_first"], result["cli_cached"]):
+        assert 0 < run["compute_s"] < run["wall_s"]
+        assert run["beyond_s"] == pytest.approx(run["wall_s"] - run["compute_s"])
+    phases = result["phases"]
+    assert list(phases["phases_s"]) == list(PHASES) and all(v >= 0 for v in phases["phases_s"].values())
+    assert phases["phases_s"]["import torch"] > 0.05  # the worker imports torch itself, after its clock starts
+    assert result["engine_over_bare"] == pytest.approx(phases["warm_job_s"] / phases["bare_graph_s"])
+    assert (tmp_path / "upscale_overhead.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_sr_ablation_peers_are_basicsr_networks_at_their_published_sizes():
     import torch
     import yaml

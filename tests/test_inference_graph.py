@@ -3,10 +3,11 @@
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from nala_gen.sr.esrt_arch import ESRT
-from nala_gen.sr.inference_graph import compose_chain, inference_graph
+from nala_gen.sr.inference_graph import REACH_PROBES, ComposedUpsampler, compose_chain, inference_graph
 from nala_gen.sr.nalasr_arch import NaLaSR
 from nala_gen.sr.upscaler import Upscaler
 
@@ -45,9 +46,10 @@ def test_esrt_graph_equals_the_plain_forward_channels_last():
     assert (plain - graph).abs().max().item() <= TOL
 
 
-def test_composed_kernel_has_the_chains_reach():
+def reach_three_chain():
     # reduce (3x3) -> x4 as two (3x3 conv, shuffle) stages -> 3x3 conv: 1 + 1 + 1/2 + 1/4 LR px, so 3 taps out
-    chain = nn.Sequential(
+    torch.manual_seed(0)
+    return nn.Sequential(
         nn.Conv2d(8, 8, 3, padding=1),
         nn.Conv2d(8, 32, 3, padding=1),
         nn.PixelShuffle(2),
@@ -55,10 +57,24 @@ def test_composed_kernel_has_the_chains_reach():
         nn.PixelShuffle(2),
         nn.Conv2d(8, 3, 3, padding=1),
     )
+
+
+def test_composed_kernel_has_the_chains_reach():
+    chain = reach_three_chain()
     weight, bias, radius = compose_chain(chain, 8, 4)
     assert radius == 3 and weight.shape == (48, 8, 7, 7) and bias.shape == (48,)
     with pytest.raises(ValueError, match="max_radius"):
         compose_chain(chain, 8, 4, max_radius=3)
+
+
+def test_a_chain_beyond_the_first_probe_is_composed_from_a_larger_one():
+    chain = reach_three_chain().eval()
+    assert REACH_PROBES[0] == 3  # this chain reaches exactly the first probe's edge
+    upsampler = ComposedUpsampler(chain, 8, 4)
+    x = torch.randn(2, 8, 13, 11)
+    with torch.no_grad():
+        assert upsampler.radius == 3
+        assert (F.pixel_shuffle(upsampler(x), 4) - chain(x)).abs().max().item() <= TOL
 
 
 def test_the_graph_is_built_once_and_again_after_new_weights():

@@ -6,6 +6,7 @@ nala-bench trained-entropy   the same on trained models' own queries and keys, w
 nala-bench sr          SR models' latency and memory vs tokens (fresh process per point)
 nala-bench peers       NaLaSR beside SRVGGNetCompact, EDSR, SwinIR, RRDBNet: params, FLOPs, MP/s, peak, Pareto
 nala-bench upscale     nala-sr upscale end to end: output megapixels per second and memory (fresh process per point)
+nala-bench upscale-overhead one-image nala-sr upscale: wall beyond compute (probe cache on/off), engine vs bare forward
 nala-bench upscale-memory   nala-sr upscale's process peak memory against its --memory-budget-mb (fresh processes)
 nala-bench upscale-folder   folder jobs: images/s sequential, pipelined, batched and in two processes
 nala-bench steps       a NaLaSR training step and a NaLaDiT sampling step, fused NaLa op on and off
@@ -55,6 +56,7 @@ COMMANDS = {
     "peers": "nala_gen.bench.sr_scaling:peers_main",
     "sr-ablation": "nala_gen.bench.sr_ablation",
     "upscale": "nala_gen.bench.upscale_throughput",
+    "upscale-overhead": "nala_gen.bench.upscale_overhead",
     "upscale-memory": "nala_gen.bench.upscale_memory",
     "upscale-folder": "nala_gen.bench.upscale_folder",
     "steps": "nala_gen.bench.step_timing",

@@ -20,24 +20,11 @@ def limit_memory(max_bytes: int) -> None:
     resource.setrlimit(resource.RLIMIT_DATA, (max_bytes, max_bytes))
 
 
-def cpu_model() -> str:
-    """The processor's name (``/proc/cpuinfo`` on Linux, else what ``platform`` says): the same script gives other
-    figures on another CPU, and a shared machine's CPU can change between sessions."""
-    import platform
-
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_info(device: str) -> dict:
     """What a result file says about where it ran: CPU, cores, torch, threads and, on CUDA, the GPU."""
     import torch
+
+    from nala_gen.devices import cpu_model
 
     info = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__}
     info["threads"] = torch.get_num_threads()

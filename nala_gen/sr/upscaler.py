@@ -36,6 +36,7 @@ from tqdm import tqdm
 from nala_gen.devices import pick_device
 from nala_gen.profiling import PeakMemory, return_large_frees_promptly, reused_large_temporaries
 
+from . import probe_cache
 from .imageio import has_alpha, write_image_atomic, write_png_rows
 from .inference_graph import inference_graph
 from .resample import RowResizer, resize_rows
@@ -295,17 +296,28 @@ class Upscaler:
         return max(memory.peak_bytes, 1)
 
     def _probes(self, budget: int) -> tuple[list[int], list[int]]:
-        """(tokens, peak bytes) of passes at PROBE_SIDES, measured once per network, device and precision. A side
-        whose pass could overrun the budget (twice the cost per token so far) is not probed, so probing keeps
-        within small budgets too; a later, larger budget probes the rest."""
+        """(tokens, peak bytes) of passes at PROBE_SIDES, measured once per network, device and precision, and kept
+        across processes (:mod:`nala_gen.sr.probe_cache`). A side whose pass could overrun the budget (twice the
+        cost per token so far) is not probed, so probing keeps within small budgets too; a later, larger budget
+        probes the rest."""
         sides, peaks = _PROBED.setdefault(self.network, {}).setdefault((str(self.device), self.precision), ([], []))
+        if len(sides) == len(PROBE_SIDES):
+            return [side * side for side in sides], list(peaks)
+        key = probe_cache.network_key(self.network, self.device, self.precision, PROBE_SIDES)
         if not sides:
+            stored = probe_cache.load(key, len(PROBE_SIDES))
+            if stored:  # measured by an earlier process for a network of this structure, here
+                sides.extend(PROBE_SIDES)
+                peaks.extend(stored)
+                return [side * side for side in sides], list(peaks)
             self._probe(32)  # warm-up: thread pools and allocator arenas are not the model's memory
         for side in PROBE_SIDES[len(sides) :]:
             if peaks and 2 * peaks[-1] / sides[-1] ** 2 * side * side > budget:
                 break
             peaks.append(self._probe(side))
             sides.append(side)
+        if len(sides) == len(PROBE_SIDES):  # only a full set: a budget-cut one would cut later jobs short
+            probe_cache.store(key, list(peaks))
         return [side * side for side in sides], list(peaks)
 
     @property
