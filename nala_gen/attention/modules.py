@@ -164,23 +164,34 @@ class NaLaAttention(nn.Module):
         return self.proj(self.mix(x, hw))
 
     def mix(self, x: Tensor, hw: Grid | None = None) -> Tensor:
-        """Everything before the output projection: (B, N, C) -> (B, N, C)."""
+        """Everything before the output projection: (B, N, C) -> (B, N, C).
+
+        Ordered for memory, since at an image's token count every (B, N, C) tensor is large: the gate's
+        projection is made only after the attention, LePE runs before it, and the q/k/v projection is released
+        before the output is laid out; without autograd the adds and the gate work in place."""
         b, n, c = x.shape
         if hw is not None and hw[0] * hw[1] != n:
             raise ValueError(f"{n} tokens do not fill a {hw[0]}x{hw[1]} grid")
-        heads = self.num_heads
-        parts = self.qkvg(x).unflatten(-1, (-1, heads, c // heads)).permute(2, 0, 3, 1, 4)  # (3|4, B, h, N, d)
-        q, k, v = parts[0], parts[1], parts[2]
+        heads, weight, bias = self.num_heads, self.qkvg.weight, self.qkvg.bias
+        qkv = F.linear(x, weight[: 3 * c], None if bias is None else bias[: 3 * c])
+        q, k, v = qkv.unflatten(-1, (3, heads, c // heads)).permute(2, 0, 3, 1, 4)  # each (B, h, N, d)
+        local = None
+        if self.lepe is not None and hw is not None:
+            local = map_to_tokens(self.lepe(tokens_to_map(v.transpose(1, 2).reshape(b, n, c), hw)))
         options = self.kernel_options
         if self.log_norm_scale is not None:
             options = {**options, "norm_scale": self._norm_scale(q)}
         out = linear_attention(q, k, v, kernel=self.kernel, rope=self._rope(hw, x.device), **options)
+        del qkv, q, k, v  # without autograd, the projections go before the output's transposed copy is made
         out = out.transpose(1, 2).reshape(b, n, c)
-        if self.lepe is not None and hw is not None:
-            v_map = tokens_to_map(v.transpose(1, 2).reshape(b, n, c), hw)
-            out = out + map_to_tokens(self.lepe(v_map))
+        in_place = not torch.is_grad_enabled()
+        if local is not None:
+            out = out.add_(local) if in_place else out + local
+            del local
         if self.out_norm is not None:
-            out = self.out_norm(out) * F.silu(parts[3].transpose(1, 2).reshape(b, n, c))
+            g = F.linear(x, weight[3 * c :], None if bias is None else bias[3 * c :])
+            out = self.out_norm(out)
+            out = F.silu(g, inplace=True).mul_(out) if in_place else out * F.silu(g)
         return out
 
 
