@@ -112,6 +112,19 @@ def test_graph_of_every_block_variant(options):
     assert (plain - graph).abs().max().item() <= TOL
 
 
+@pytest.mark.parametrize("heads", [2, 6, 8])
+@pytest.mark.parametrize("norm_scale", ["tracked", "learned"])
+def test_head_groups_keep_each_heads_own_norm_scale(heads, norm_scale):
+    # The graph attends a group of heads at a time (HeadGroupedMix): each head must keep its own gamma.
+    net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=heads, norm_scale=norm_scale), 8)
+    block = net.body.transformer[0].attn.block
+    with torch.no_grad():
+        block.log_norm_scale.copy_(torch.linspace(-1.5, 1.0, heads))
+    x = torch.rand(1, 3, 15, 13, generator=torch.Generator().manual_seed(4))
+    plain, graph = plain_and_graph(net, x)
+    assert (plain - graph).abs().max().item() <= TOL
+
+
 def test_negative_and_zero_residual_scales_are_not_folded_through_relu():
     net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=7)
     with torch.no_grad():

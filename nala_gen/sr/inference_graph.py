@@ -16,7 +16,8 @@ Made by :func:`inference_graph` from a trained network in well under a second (n
   the original chain.
 * **The Efficient Transformer without its 9C-wide tokens** (:class:`ComposedTransformer`): the unfold, both
   LayerNorms, the reduction, the residual adds and the fold become one 3x3 convolution of the features, one
-  Linear after the attention and two transposed convolutions; the attention itself runs as trained.
+  Linear after the attention and two transposed convolutions; the attention itself runs as trained, and the NaLa
+  block a group of heads at a time (:class:`HeadGroupedMix`), so its q/k/v are never all held at full width.
 * **Learned scalars folded** (:class:`FoldedARFB`): the ARFBs' learned scales go into their convolutions' weights
   or onto the residual adds, so no pass multiplies a whole feature map by a scalar.
 
@@ -34,12 +35,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nala_gen.attention import NaLaAttention, linear_attention, map_to_tokens, tokens_to_map
+
 from .esrt_arch import ESRTLayout
 
 Tensor = torch.Tensor
 
 
 REACH_PROBES = (3, 6, 12)  # max_radius tried in turn by ComposedUpsampler
+HEAD_GROUPS = 4  # NaLa heads are attended in up to this many groups (HeadGroupedMix)
 
 
 def _impulse_response(chain: nn.Module, in_ch: int, scale: int, probe: int) -> tuple[Tensor, Tensor]:
@@ -134,6 +138,63 @@ def _padded_rows(weight: Tensor, multiple: int = 16) -> Tensor:
     return torch.cat([weight, weight.new_zeros(extra, *weight.shape[1:])]) if extra else weight
 
 
+class HeadGroupedMix(nn.Module):
+    """The NaLa block's ``mix`` (:meth:`~nala_gen.attention.NaLaAttention.mix`) a group of heads at a time.
+
+    Heads are independent until the output LayerNorm, and LePE is depthwise, so each group's q/k/v projection,
+    attention and LePE run alone and write their channels of one (B, N, C) output: at most a group's projections
+    are held at once (a quarter of them with HEAD_GROUPS = 4) instead of all three at full width, which at an
+    image's token count is most of the network's memory. Then the gate, over all channels, as in the block.
+
+    Args:
+        block: a trained :class:`~nala_gen.attention.NaLaAttention` (shared, in eval mode).
+    """
+
+    def __init__(self, block: NaLaAttention) -> None:
+        super().__init__()
+        self.block = block
+        c, heads = block.qkvg.in_features, block.num_heads
+        groups = max(g for g in range(1, min(HEAD_GROUPS, heads) + 1) if heads % g == 0)
+        self.width, self.heads_per_group = c // groups, heads // groups
+        weight = block.qkvg.weight.detach()
+        bias = block.qkvg.bias.detach() if block.qkvg.bias is not None else torch.zeros(weight.shape[0]).to(weight)
+        rows = torch.arange(self.width, device=weight.device)
+        # (groups, 3 * width, C): each group's q, k and v rows, contiguous.
+        index = torch.stack([torch.cat([part * c + g * self.width + rows for part in range(3)]) for g in range(groups)])
+        self.register_buffer("qkv_weight", weight[index], persistent=False)
+        self.register_buffer("qkv_bias", bias[index], persistent=False)
+        if block.out_norm is not None:
+            self.register_buffer("gate_weight", weight[3 * c :].clone(), persistent=False)
+            self.register_buffer("gate_bias", bias[3 * c :].clone(), persistent=False)
+
+    def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
+        """x: (B, N, C) tokens of an H x W grid -> (B, N, C), the block's output before its projection."""
+        block, (b, n, c) = self.block, x.shape
+        width, per_group = self.width, self.heads_per_group
+        rope = block._rope(hw, x.device)
+        scale = None if block.log_norm_scale is None else block.log_norm_scale.exp().view(-1, 1, 1)
+        out = x.new_empty(b, n, c)
+        for g in range(self.qkv_weight.shape[0]):
+            qkv = F.linear(x, self.qkv_weight[g], self.qkv_bias[g])
+            q, k, v = qkv.unflatten(-1, (3, per_group, width // per_group)).permute(2, 0, 3, 1, 4)
+            options = block.kernel_options
+            if scale is not None:
+                options = {**options, "norm_scale": scale[g * per_group : (g + 1) * per_group]}
+            attended = linear_attention(q, k, v, kernel=block.kernel, rope=rope, **options)  # (B, h_g, N, d)
+            channels = out[..., g * width : (g + 1) * width]
+            channels.view(b, n, per_group, -1).copy_(attended.transpose(1, 2))
+            if block.lepe is not None:
+                lepe = block.lepe
+                v_map = tokens_to_map(v.transpose(1, 2).reshape(b, n, width), hw)
+                picked = slice(g * width, (g + 1) * width)
+                local = F.conv2d(v_map, lepe.weight[picked], lepe.bias[picked], padding=lepe.padding, groups=width)
+                channels.add_(map_to_tokens(local))
+        if block.out_norm is None:
+            return out
+        gate = F.linear(x, self.gate_weight, self.gate_bias)
+        return F.silu(gate, inplace=True).mul_(block.out_norm(out))
+
+
 class ComposedTransformer(nn.Module):
     """ESRT's Efficient Transformer (``EfficientTransformer``) without its ``9C``-wide tokens.
 
@@ -166,6 +227,8 @@ class ComposedTransformer(nn.Module):
         if attn.reduce.bias is not None:
             raise TypeError("the attention's reduction is expected to have no bias (ESRT's layout)")
         self.attention = attn
+        block = getattr(attn, "block", None)  # NaLaSR's NaLaTokenAttention: its NaLa block, a head group at a time
+        self.mix = HeadGroupedMix(block) if isinstance(block, NaLaAttention) else attn.mix
         like = attn.reduce.weight
 
         def f64(t: Tensor) -> Tensor:
@@ -223,7 +286,7 @@ class ComposedTransformer(nn.Module):
         rstd_t = torch.rsqrt(sq_t / d - mean_t.square() + self.eps1)
         reduced = (conv[..., :r] - mean_t * self.reduce_sum).mul_(rstd_t).add_(self.reduce_bias)
         del conv
-        h = self.attention.mix(reduced, (height, width))  # (B, N, R)
+        h = self.mix(reduced, (height, width))  # (B, N, R)
         del reduced
         conv = tokens(F.conv2d(x, self.x_weight_out, padding=1))  # (B, N, R + M + 1 + pad)
         lin = F.linear(h, self.h_weight)  # (B, N, R + M + 2 + pad)
@@ -232,7 +295,8 @@ class ComposedTransformer(nn.Module):
         o_sq = (lin[..., :r] * h).sum(-1, keepdim=True) + 2 * lin[..., r + m + 1 : r + m + 2] + self.proj_bias_sq
         rstd_a = torch.rsqrt((sq_t + 2 * t_dot_o + o_sq) / d - mean_a.square() + self.eps2)
         pre = conv[..., r : r + m] + lin[..., r : r + m] + self.fc1_inner
-        z = (pre - mean_a * self.fc1_sum).mul_(rstd_a).add_(self.fc1_bias).relu_()  # (B, N, M)
+        z = pre.sub_(mean_a * self.fc1_sum).mul_(rstd_a).add_(self.fc1_bias).relu_()  # (B, N, M)
+        del conv, lin, pre  # the fold below is the next high-water mark: hold only h and z through it
         ones = x.new_ones(1, 1, height, width)
         out = F.conv_transpose2d(grid(h), self.fold_h, padding=1)
         out += F.conv_transpose2d(grid(z), self.fold_z, padding=1)
