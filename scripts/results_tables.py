@@ -388,6 +388,41 @@ def sr_peers_table() -> str:
     return "\n".join(lines)
 
 
+def upscale_overhead_table() -> str:
+    data = json.loads((RESULTS / "upscale_overhead.json").read_text())
+    phases = data["phases"]
+    lines = [
+        f"{data['model']}, {data['side']}² PNG in, x4, fp32, {cores(data['machine'])}, "
+        f"torch {data['machine']['torch']}; median of {data['repeats']} fresh processes each.",
+        "",
+        "| one-image `nala-sr upscale` | wall | compute (job) | beyond compute |",
+        "|---|---|---|---|",
+    ]
+    for label, key in (("first run on this machine (no probe cache)", "cli_first"), ("later runs", "cli_cached")):
+        run = data[key]
+        lines.append(row(label, f"{run['wall_s']:.2f} s", f"{run['compute_s']:.2f} s", f"{run['beyond_s']:.2f} s"))
+    lines += [
+        "",
+        "| phase (phase worker) | s |",
+        "|---|---|",
+        row("interpreter start and exit", f"{data['interpreter_s']:.2f}"),
+    ]
+    lines += [row(name, f"{seconds:.2f}") for name, seconds in phases["phases_s"].items()]
+    lines += [
+        "",
+        "| compute | s |",
+        "|---|---|",
+        row("engine, first job (array out)", f"{phases['first_job_s']:.2f}"),
+        row("engine, warm job", f"{phases['warm_job_s']:.2f}"),
+        row("bare forward, inference graph", f"{phases['bare_graph_s']:.2f}"),
+        row("bare forward, plain network", f"{phases['bare_plain_s']:.2f}"),
+        row(
+            "engine / bare graph (warm; first)", f"{data['engine_over_bare']:.2f}x; {data['first_job_over_bare']:.2f}x"
+        ),
+    ]
+    return "\n".join(lines)
+
+
 def digits_quality_table() -> str:
     data = json.loads((RESULTS / "digits_quality.json").read_text())
     lines = [
@@ -419,6 +454,7 @@ TABLES = {
     "upscale throughput": upscale_table,
     "upscale memory": upscale_memory_table,
     "upscale folder": upscale_folder_table,
+    "upscale overhead": upscale_overhead_table,
     "sr peers": sr_peers_table,
     "trained entropy": trained_entropy_table,
     "sr ablation": sr_ablation_table,
