@@ -304,7 +304,7 @@ def sr_ablation_table(name: str = "sr_ablation.json") -> str:
         ssim_spread = f" ± {e['ssim_std']:.4f}" if e.get("ssim_std") is not None else ""
         delta = ""
         if "psnr_vs_reference" in e:
-            star = "*" if e["beyond_two_se"] else ""
+            star = "*" if e["psnr_beyond_two_se"] else ""
             delta = f"{e['psnr_vs_reference']:+.2f} ± {e['psnr_vs_reference_se']:.2f}{star}"
         lines.append(
             f"| {e['variant']} | {change} | {len(e['seeds'])} | {e['psnr']:.2f}{spread} | {e['ssim']:.4f}{ssim_spread} "

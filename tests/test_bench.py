@@ -149,8 +149,8 @@ def test_sr_ablation_summary_gives_means_spreads_and_two_standard_errors():
     assert stats["nala"]["psnr"] == pytest.approx(27.1) and stats["nala"]["psnr_std"] == pytest.approx(0.1)
     se = (0.1**2 / 3 + 0.1**2 / 3) ** 0.5
     assert stats["relu"]["psnr_vs_reference"] == pytest.approx(-0.6)
-    assert stats["relu"]["psnr_vs_reference_se"] == pytest.approx(se) and stats["relu"]["beyond_two_se"]
-    assert not stats["elu1"]["beyond_two_se"] and "psnr_vs_reference" not in stats["nala"]
+    assert stats["relu"]["psnr_vs_reference_se"] == pytest.approx(se) and stats["relu"]["psnr_beyond_two_se"]
+    assert not stats["elu1"]["psnr_beyond_two_se"] and "psnr_vs_reference" not in stats["nala"]
     single = summarise([row("nala", 0, 27.0)])[0]
     assert single["psnr_std"] is None  # one seed has no spread, and none is made up
 
@@ -172,7 +172,7 @@ def test_sr_ablation_runs_trains_resumes_and_reports_on_a_tiny_budget(tmp_path, 
     summary = json.loads((out / "sr_ablation_2it.json").read_text())  # a budget other than the default: named
     assert {(r["variant"], r["seed"]) for r in summary["runs"]} == {("nala", 0), ("nala", 1), ("relu", 0), ("relu", 1)}
     relu = next(e for e in summary["variants"] if e["variant"] == "relu")
-    assert relu["seeds"] == [0, 1] and relu["psnr_std"] is not None and "beyond_two_se" in relu
+    assert relu["seeds"] == [0, 1] and relu["psnr_std"] is not None and "psnr_beyond_two_se" in relu
     results = sorted((tmp_path / sr_ablation.LEDGER).glob("*.json"))
     assert len(results) == 4
     stamps = [p.stat().st_mtime_ns for p in results]
@@ -267,3 +267,36 @@ def test_peer_board_builds_runs_and_reports_every_network_on_a_tiny_size(tmp_pat
     params = {m: c["params"] for m, c in result["costs"].items()}
     assert params["rrdb"] > 10 * params["nalasr"] and 1.2e6 < params["srvgg"] < 1.22e6
     assert (tmp_path / "sr_peers.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_dit_ablation_trains_scores_adopts_and_reports_on_a_tiny_budget(tmp_path, monkeypatch):
+    import shutil
+
+    from nala_gen.bench import dit_ablation
+
+    for config in dit_ablation.VARIANTS.values():
+        (tmp_path / config).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / config, tmp_path / config)
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "results"
+    tiny = ["--steps", "2", "--per-class", "2", "--sample-steps", "2", "--out", str(out)]
+    assert dit_ablation.main([*tiny, "--seeds", "0", "1", "--variants", "nala", "softmax"]) == 0
+    summary = json.loads((out / "dit_ablation_2st.json").read_text())
+    assert {(r["variant"], r["seed"]) for r in summary["runs"]} == {(v, s) for v in ("nala", "softmax") for s in (0, 1)}
+    softmax = next(e for e in summary["variants"] if e["variant"] == "softmax")
+    assert softmax["change"] == {"attention_kernel": "softmax"} and softmax["seeds"] == [0, 1]
+    assert "accuracy_vs_reference_se" in softmax and "frechet_distance_beyond_two_se" in softmax
+    for run in summary["runs"]:
+        assert 0 <= run["accuracy"] <= 1 and run["frechet_distance"] > 0 and run["quality"]["per_class"] == 2
+
+    # Adoption: a pipeline trained as seed 0 of a variant is scored, not retrained; any other is refused.
+    seed0 = tmp_path / "experiments" / dit_ablation.run_name("nala", 2, 0) / "pipeline"
+    seed1 = tmp_path / "experiments" / dit_ablation.run_name("nala", 2, 1) / "pipeline"
+    ledger = tmp_path / dit_ablation.LEDGER / f"{dit_ablation.run_name('nala', 2, 0)}.json"
+    ledger.unlink()
+    assert dit_ablation.main([*tiny, "--seeds", "1", "--variants", "nala", "--adopt", f"nala={seed1}"]) == 1
+    assert not ledger.exists()
+    assert dit_ablation.main([*tiny, "--seeds", "0", "--variants", "nala", "--adopt", f"nala={seed0}"]) == 0
+    assert json.loads(ledger.read_text())["adopted_from"] == str(seed0)
+    assert dit_ablation.main([*tiny, "--report-only"]) == 0  # the ledger alone

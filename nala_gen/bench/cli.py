@@ -11,6 +11,7 @@ nala-bench upscale-memory   nala-sr upscale's process peak memory against its --
 nala-bench upscale-folder   folder jobs: images/s sequential, pipelined, batched and in two processes
 nala-bench steps       a NaLaSR training step and a NaLaDiT sampling step, fused NaLa op on and off
 nala-bench sr-ablation NaLaSR trained with each attention type on an equal budget, PSNR/SSIM on the val split
+nala-bench dit-ablation NaLaDiT on digits with NaLa, NaLa + tracked norm scale and softmax, seeded: accuracy, FD
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ COMMANDS = {
     "sr": "nala_gen.bench.sr_scaling",
     "peers": "nala_gen.bench.sr_scaling:peers_main",
     "sr-ablation": "nala_gen.bench.sr_ablation",
+    "dit-ablation": "nala_gen.bench.dit_ablation",
     "upscale": "nala_gen.bench.upscale_throughput",
     "upscale-overhead": "nala_gen.bench.upscale_overhead",
     "upscale-memory": "nala_gen.bench.upscale_memory",

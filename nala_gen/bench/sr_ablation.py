@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import subprocess
 import sys
 import time
@@ -35,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from nala_gen.bench.ablation_runs import Busy, run_lock, seed_statistics, write_row
 from nala_gen.sr.peers import PEERS, peer_network
 
 BASE_OPTION = Path("options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml")
@@ -96,35 +95,6 @@ def ablation_option(base: dict, variant: str, iters: int, seed: int = 0) -> dict
     return opt
 
 
-class Busy(Exception):
-    """The run is being trained by another live process."""
-
-
-def _lock(path: Path) -> None:
-    """Take ``path`` as this process's lock, or raise :class:`Busy` when a live process holds it (a lock left by a
-    process that is gone is taken over)."""
-    import os
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            try:
-                pid = int(path.read_text() or 0)
-                os.kill(pid, 0)
-            except (ValueError, ProcessLookupError, FileNotFoundError):
-                path.unlink(missing_ok=True)  # stale: its process is gone
-                continue
-            except PermissionError:
-                pass  # alive, someone else's
-            raise Busy(path.stem) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        return
-    raise Busy(path.stem)
-
-
 def train_one(variant: str, iters: int, root: Path, seed: int = 0) -> dict:
     """Train (or resume, or reuse) one run and score its final weights; returns its result row. Raises
     :class:`Busy` when another process is training it."""
@@ -134,12 +104,8 @@ def train_one(variant: str, iters: int, root: Path, seed: int = 0) -> dict:
     ledger_path = root / LEDGER / f"{name}.json"
     if ledger_path.is_file():
         return json.loads(ledger_path.read_text())
-    lock = root / "experiments" / f"{name}.lock"
-    _lock(lock)
-    try:
+    with run_lock(root / "experiments" / f"{name}.lock"):
         return _train_and_score(variant, iters, root, seed, name, run_dir, ledger_path)
-    finally:
-        lock.unlink(missing_ok=True)
 
 
 def _train_and_score(variant, iters, root, seed, name, run_dir, ledger_path) -> dict:
@@ -171,38 +137,14 @@ def _train_and_score(variant, iters, root, seed, name, run_dir, ledger_path) -> 
         # Wall time of an uninterrupted run on this machine (None when it was resumed across sessions).
         "train_wall_s": None if resumed else round(train_s, 1),
     }
-    ledger_path.parent.mkdir(parents=True, exist_ok=True)
-    partial = ledger_path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(row, indent=1) + "\n")
-    partial.replace(ledger_path)  # a row is in the ledger whole or not at all
+    write_row(ledger_path, row)
     return row
 
 
 def summarise(rows: list[dict]) -> list[dict]:
     """Per variant: seeds, mean and sample standard deviation of PSNR and SSIM; against REFERENCE, the
     difference of mean PSNR with its standard error and whether it exceeds two of them."""
-    by_variant: dict[str, list[dict]] = {}
-    for row in rows:
-        by_variant.setdefault(row["variant"], []).append(row)
-    stats = {}
-    for variant, runs in by_variant.items():
-        entry = {"variant": variant, "network_g": runs[0]["network_g"], "seeds": sorted(r.get("seed", 0) for r in runs)}
-        for metric in ("psnr", "ssim"):
-            values = [r[metric] for r in runs]
-            entry[metric] = statistics.fmean(values)
-            entry[f"{metric}_std"] = statistics.stdev(values) if len(values) > 1 else None
-        stats[variant] = entry
-    ref = stats.get(REFERENCE)
-    for entry in stats.values():
-        if ref is None or entry is ref or entry["psnr_std"] is None or ref["psnr_std"] is None:
-            continue
-        n, n_ref = len(entry["seeds"]), len(ref["seeds"])
-        se = math.sqrt(entry["psnr_std"] ** 2 / n + ref["psnr_std"] ** 2 / n_ref)
-        entry["psnr_vs_reference"] = entry["psnr"] - ref["psnr"]
-        entry["psnr_vs_reference_se"] = se
-        entry["beyond_two_se"] = abs(entry["psnr"] - ref["psnr"]) > 2 * se
-    order = list(VARIANTS)
-    return sorted(stats.values(), key=lambda e: order.index(e["variant"]) if e["variant"] in order else len(order))
+    return seed_statistics(rows, ("psnr", "ssim"), REFERENCE, list(VARIANTS))
 
 
 def plot(summary: list[dict], bicubic: float, iters: int, path: Path) -> None:

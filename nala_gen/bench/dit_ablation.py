@@ -1,0 +1,255 @@
+"""Seeded ablation of NaLaDiT's attention on the embedded digits: the paper's NaLa, NaLa with the tracked norm
+scale (our extension), and softmax, each config identical but for its attention field.
+
+Each run trains one of the digits configs (``options/diffusion/naladit_digits*.yml``: the shipped NaLaDiT's, its
+tracked-norm-scale twin and its softmax twin) with only ``seed``, ``output_dir`` and the budget (``max_steps``)
+overridden, then scores the final pipeline with ``nala-gen quality`` at its defaults (100 samples per class, 50
+steps, guidance 2, sampling seed 0): the held-out classifier's accuracy on the samples and the Fréchet distance of
+its features (lower is better).
+
+    nala-bench dit-ablation [--steps 6000] [--seeds 0 1 2] [--variants nala nala_norm_tracked softmax]
+                            [--adopt nala=naladit-digits softmax=naladit-digits-softmax] [--report-only]
+
+Runs live under ``experiments/`` as ``dit_digits_<variant>_<steps>st_seed<seed>`` and resume from their newest
+checkpoint (``nala-gen train --resume latest``), so the command can be rerun after any stop. A finished run's row
+goes to the committed ledger ``benchmarks/results/dit_ablation_runs/<run>.json`` and is never trained again;
+``--report-only`` rebuilds ``dit_ablation.{json,png}`` from the ledger. Runs are locked while trained, so two
+invocations can share the machine (one per core). ``--adopt VARIANT=MODEL`` scores an existing pipeline (a folder
+or named weights) as that variant's seed-0 run instead of training it, when its training record shows the same
+config, seed 0 and budget (the shipped digits pipelines were trained by these very configs): CPU hours not spent
+twice on the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from nala_gen.bench.ablation_runs import Busy, run_lock, seed_statistics, write_row
+
+VARIANTS = {
+    "nala": Path("options/diffusion/naladit_digits.yml"),
+    "nala_norm_tracked": Path("options/diffusion/naladit_digits_norm_tracked.yml"),
+    "softmax": Path("options/diffusion/naladit_digits_softmax.yml"),
+}
+# What a variant changes against nala's config (for the table): its model fields that differ.
+MODEL_FIELDS = ("attention_kernel", "attention_norm_scale")
+REFERENCE = "nala"
+DEFAULT_SEEDS = (0, 1, 2)
+DEFAULT_STEPS = 6000  # the shipped digits pipelines' budget: about an hour each on one core
+METRICS = ("accuracy", "frechet_distance")
+QUALITY = {"per_class": 100, "steps": 50, "cfg": 2.0, "seed": 0}  # nala-gen quality's defaults
+LEDGER = Path("benchmarks/results/dit_ablation_runs")
+
+
+def run_name(variant: str, steps: int, seed: int) -> str:
+    return f"dit_digits_{variant}_{steps}st_seed{seed}"
+
+
+def summary_stem(steps: int) -> str:
+    return "dit_ablation" if steps == DEFAULT_STEPS else f"dit_ablation_{steps}st"
+
+
+def variant_config(root: Path, variant: str) -> dict:
+    return yaml.safe_load((root / VARIANTS[variant]).read_text())
+
+
+def change_of(root: Path, variant: str) -> dict:
+    """The model fields in which the variant's config differs from the reference's."""
+    model, ref = variant_config(root, variant)["model"], variant_config(root, REFERENCE)["model"]
+    return {k: model.get(k) for k in MODEL_FIELDS if model.get(k) != ref.get(k)}
+
+
+def score(model: str, quality: dict) -> dict:
+    """``nala-gen quality`` of a pipeline folder or named weights."""
+    from nala_gen.diffusion.loading import load_pipeline
+    from nala_gen.diffusion.quality import evaluate
+
+    pipe, _ = load_pipeline(model)
+    return evaluate(pipe, quality["per_class"], quality["steps"], quality["cfg"], quality["seed"])
+
+
+def _row(root: Path, variant: str, steps: int, seed: int, model: str, quality: dict, **extra) -> dict:
+    from nala_gen.devices import cpu_model
+
+    scores = score(model, quality)
+    return {
+        "variant": variant,
+        "config": str(VARIANTS[variant]),
+        "change": change_of(root, variant),
+        "steps": steps,
+        "seed": seed,
+        "accuracy": round(scores["accuracy"], 4),
+        "frechet_distance": round(scores["frechet_distance"], 3),
+        "frechet_distance_real_held_out": round(scores["frechet_distance_real_held_out"], 3),
+        "quality": quality,
+        "cpu": cpu_model(),
+        **extra,
+    }
+
+
+def train_one(root: Path, variant: str, steps: int, seed: int, quality: dict = QUALITY, quiet: bool = True) -> dict:
+    """Train (or resume, or reuse from the ledger) one run and score it; raises :class:`Busy` when another
+    process is training it."""
+    name = run_name(variant, steps, seed)
+    ledger_path = root / LEDGER / f"{name}.json"
+    if ledger_path.is_file():
+        return json.loads(ledger_path.read_text())
+    with run_lock(root / "experiments" / f"{name}.lock"):
+        output_dir = Path("experiments") / name
+        overrides = [f"seed={seed}", f"output_dir={output_dir}", f"max_steps={steps}"]
+        if steps < 500:  # tiny budgets (tests): a checkpoint at the end at least
+            overrides.append(f"checkpoint_every={max(1, steps)}")
+        cmd = [sys.executable, "-m", "nala_gen.diffusion.cli", "train", "--config", str(VARIANTS[variant])]
+        cmd += ["--override", *overrides, "--resume", "latest", *(["-q"] if quiet else [])]
+        start = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if proc.returncode != 0:
+            tail = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+            raise RuntimeError(f"training {name} failed: {tail[0]}")
+        info = json.loads((root / output_dir / "training_info.json").read_text())
+        resumed = bool(info.get("resumed_from"))
+        row = _row(
+            root,
+            variant,
+            steps,
+            seed,
+            str(root / output_dir / "pipeline"),
+            quality,
+            # Wall time of an uninterrupted run (None when it resumed: its first part ran elsewhere or earlier).
+            train_wall_s=None if resumed else round(time.perf_counter() - start, 1),
+            s_per_step=info.get("s_per_step") if not resumed else None,
+        )
+        write_row(ledger_path, row)
+        return row
+
+
+def adopt(root: Path, variant: str, model: str, steps: int, quality: dict = QUALITY) -> dict:
+    """Score ``model`` as the variant's seed-0 run, after checking its training record matches that run."""
+    name = run_name(variant, steps, 0)
+    ledger_path = root / LEDGER / f"{name}.json"
+    if ledger_path.is_file():
+        return json.loads(ledger_path.read_text())
+    record = training_record(model)
+    mismatch = record_mismatch(record, variant_config(root, variant), VARIANTS[variant], steps)
+    if mismatch:
+        raise ValueError(f"{model} was not trained as {name}: {mismatch}")
+    row = _row(root, variant, steps, 0, model, quality, adopted_from=model, trained_by=record["command"])
+    write_row(ledger_path, row)
+    return row
+
+
+def training_record(model: str) -> dict:
+    """How a pipeline was trained: ``command``, ``steps``, ``seed`` (None if unrecorded) and ``model`` (its
+    config), from a folder's ``training_info.json`` (in it or beside it) or a named weight card."""
+    path = Path(model)
+    for candidate in (path / "training_info.json", path.parent / "training_info.json"):
+        if candidate.is_file():
+            info = json.loads(candidate.read_text())
+            config = info.get("config", {})
+            return {"command": info.get("command", ""), "steps": info.get("steps"), "seed": config.get("seed"),
+                    "model": config.get("model", {})}  # fmt: skip
+    from nala_gen.weights import resolve
+
+    card = resolve(model)
+    return {"command": card.info.get("command", ""), "steps": card.info.get("steps"), "seed": None,
+            "model": card.config}  # fmt: skip
+
+
+def record_mismatch(record: dict, config: dict, config_path: Path, steps: int) -> str | None:
+    """Why a training record is not this config's run at ``steps`` and seed 0, or None when it is: the same
+    step count, the config file named in its command with no overrides (so the file's seed, 0, applied) or seed
+    0 recorded, and every model field of the config equal in the trained model's config."""
+    command = record["command"].split()
+    if record["steps"] != steps:
+        return f"{record['steps']} steps, not {steps}"
+    if "--config" not in command or Path(command[command.index("--config") + 1]) != config_path:
+        return f"its command ({record['command']!r}) does not train {config_path}"
+    seed = record["seed"] if record["seed"] is not None else (None if "--override" in command else config["seed"])
+    if seed != 0:
+        return f"seed {seed} (or overrides in its command), not 0"
+    differing = [k for k, v in config["model"].items() if k in record["model"] and record["model"][k] != v]
+    return f"model fields differ: {differing}" if differing else None
+
+
+def plot(summary: list[dict], steps: int, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.2), dpi=110)
+    names = [e["variant"] for e in summary]
+    for ax, metric, label in zip(axes, METRICS, ("class accuracy of samples", "Fréchet distance (lower is better)")):
+        means = [e[metric] for e in summary]
+        errors = [e[f"{metric}_std"] or 0 for e in summary]
+        ax.bar(names, means, yerr=errors, capsize=3, color="tab:blue")
+        for i, (m, err) in enumerate(zip(means, errors)):
+            ax.text(i, m + err, f"{m:.3g}", ha="center", va="bottom", fontsize=7)
+        ax.set_ylabel(label)
+        ax.tick_params(axis="x", labelsize=8)
+    seeds = max(len(e["seeds"]) for e in summary)
+    fig.suptitle(f"NaLaDiT on digits, {steps} steps, up to {seeds} seeds (mean ± sd)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nala-bench dit-ablation", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="training steps per run")
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS))
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--adopt", nargs="+", default=[], metavar="VARIANT=MODEL", help="score MODEL as seed 0")
+    parser.add_argument("--report-only", action="store_true", help="summarise finished runs; train nothing")
+    parser.add_argument("--verbose", action="store_true", help="show the trainings' progress")
+    parser.add_argument("--per-class", type=int, default=QUALITY["per_class"], help="quality: samples per class")
+    parser.add_argument("--sample-steps", type=int, default=QUALITY["steps"], help="quality: sampling steps")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    args = parser.parse_args(argv)
+    root = Path.cwd()
+    quality = {**QUALITY, "per_class": args.per_class, "steps": args.sample_steps}
+    adopted = dict(item.split("=", 1) for item in args.adopt if "=" in item)
+    if len(adopted) != len(args.adopt) or not set(adopted) <= set(VARIANTS):
+        print(f"nala-bench dit-ablation: --adopt takes VARIANT=MODEL with VARIANT in {list(VARIANTS)}", file=sys.stderr)
+        return 2
+    if not args.report_only:
+        for variant, model in adopted.items():
+            try:
+                row = adopt(root, variant, model, args.steps, quality)
+            except (ValueError, OSError) as err:
+                print(f"nala-bench dit-ablation: {err}", file=sys.stderr)
+                return 1
+            print(f"{variant:<18} seed 0  adopted {model}: accuracy {row['accuracy']:.3f}", flush=True)
+        for seed in args.seeds:  # every variant at one seed before the next: a stop leaves comparable sets
+            for variant in args.variants:
+                try:
+                    row = train_one(root, variant, args.steps, seed, quality, quiet=not args.verbose)
+                except Busy:
+                    print(f"{variant:<18} seed {seed}  being trained by another process: passed by", flush=True)
+                    continue
+                shown = f"accuracy {row['accuracy']:.3f}  Fréchet distance {row['frechet_distance']:.2f}"
+                print(f"{variant:<18} seed {seed}  {shown}", flush=True)
+    rows = [json.loads(p.read_text()) for p in sorted((root / LEDGER).glob(f"dit_digits_*_{args.steps}st_seed*.json"))]
+    if not rows:
+        print(f"nala-bench dit-ablation: no finished {args.steps}-step runs in {LEDGER}/", file=sys.stderr)
+        return 1
+    stats = seed_statistics(rows, METRICS, REFERENCE, list(VARIANTS), keys=("config", "change"))
+    summary = {"budget": {"steps": args.steps}, "quality": quality, "reference": REFERENCE, "variants": stats}
+    summary["runs"] = rows
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = summary_stem(args.steps)
+    (args.out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
+    plot(stats, args.steps, args.out / f"{stem}.png")
+    print(f"wrote {args.out / stem}.json and .png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
