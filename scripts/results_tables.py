@@ -313,6 +313,38 @@ def sr_ablation_table(name: str = "sr_ablation.json") -> str:
     return "\n".join(lines)
 
 
+def dit_ablation_table(name: str = "dit_ablation.json") -> str:
+    data = json.loads((RESULTS / name).read_text())
+    q = data["quality"]
+    lines = [
+        f"NaLaDiT on the embedded digits, {data['budget']['steps']} steps per run from the `naladit_digits*.yml` "
+        f"configs (only `seed`, `output_dir` and the budget overridden); `nala-gen quality`: {q['per_class']} "
+        f"samples per class, {q['steps']} steps, guidance {q['cfg']:g}; mean ± sample standard deviation over the "
+        f"seeds; Δ against `{data['reference']}` with its standard error (* beyond two).",
+        "",
+        "| variant | model change | seeds | accuracy | Fréchet distance | Δ accuracy | Δ Fréchet distance |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(e, metric, digits):
+        spread = f" ± {e[metric + '_std']:.{digits}f}" if e.get(metric + "_std") is not None else ""
+        return f"{e[metric]:.{digits}f}{spread}"
+
+    def delta(e, metric, digits):
+        if metric + "_vs_reference" not in e:
+            return ""
+        star = "*" if e[metric + "_beyond_two_se"] else ""
+        return f"{e[metric + '_vs_reference']:+.{digits}f} ± {e[metric + '_vs_reference_se']:.{digits}f}{star}"
+
+    for e in data["variants"]:
+        change = ", ".join(f"{k}: {v}" for k, v in e["change"].items()) or "(the paper's kernel)"
+        lines.append(
+            row(e["variant"], change, len(e["seeds"]), cell(e, "accuracy", 3), cell(e, "frechet_distance", 1),
+                delta(e, "accuracy", 3), delta(e, "frechet_distance", 1))
+        )  # fmt: skip
+    return "\n".join(lines)
+
+
 def upscale_folder_table() -> str:
     data = json.loads((RESULTS / "upscale_folder.json").read_text())
     machine = data["machine"]
@@ -458,6 +490,7 @@ TABLES = {
     "sr peers": sr_peers_table,
     "trained entropy": trained_entropy_table,
     "sr ablation": sr_ablation_table,
+    "dit ablation": dit_ablation_table,
     "sr ablation, 500 iterations (key map)": lambda: sr_ablation_table("sr_ablation_500it.json"),
     "digits quality": digits_quality_table,
 }
