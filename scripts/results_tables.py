@@ -455,6 +455,38 @@ def upscale_overhead_table() -> str:
     return "\n".join(lines)
 
 
+def sr_peer_quality_table() -> str:
+    """The peers' equal-budget quality here (sr_ablation.json) beside their published figures (peers.PUBLISHED_X4)."""
+    from nala_gen.sr.peers import PUBLISHED_X4
+
+    data = json.loads((RESULTS / "sr_ablation.json").read_text())
+    variants = {e["variant"]: e for e in data["variants"]}
+    board = {"nalasr": "nala", "esrt": "emha", "srvgg": "srvgg", "edsr": "edsr", "swinir": "swinir", "rrdb": None}
+    lines = [
+        f"Here: {data['budget']['iters']} iterations each, trained exactly as NaLaSR (`nala-bench sr-ablation`), "
+        f"PSNR/SSIM on Y of `{data['budget']['val_data']}`, mean ± sd over the seeds. Published: the papers' own x4 "
+        "figures on Set5 and Urban100 (trained on DIV2K or DF2K for hundreds of thousands of iterations; not "
+        "measured here, not comparable with the column before them).",
+        "",
+        "| network | here: PSNR / SSIM (seeds) | published Set5 x4 | published Urban100 x4 | published source |",
+        "|---|---|---|---|---|",
+    ]
+
+    def shown(pair):
+        return "–" if pair is None else f"{pair[0]:.2f} / {pair[1]:.4f}"
+
+    for network, variant in board.items():
+        e = variants.get(variant)
+        if e is None:
+            here = "not trained (speed only)" if variant is None else "not trained yet"
+        else:
+            sd = f" ± {e['psnr_std']:.2f}" if e.get("psnr_std") is not None else ""
+            here = f"{e['psnr']:.2f}{sd} / {e['ssim']:.4f} ({len(e['seeds'])})"
+        published = PUBLISHED_X4[network]
+        lines.append(row(network, here, shown(published["set5"]), shown(published["urban100"]), published["source"]))
+    return "\n".join(lines)
+
+
 def digits_quality_table() -> str:
     data = json.loads((RESULTS / "digits_quality.json").read_text())
     lines = [
@@ -488,6 +520,7 @@ TABLES = {
     "upscale folder": upscale_folder_table,
     "upscale overhead": upscale_overhead_table,
     "sr peers": sr_peers_table,
+    "sr peer quality": sr_peer_quality_table,
     "trained entropy": trained_entropy_table,
     "sr ablation": sr_ablation_table,
     "dit ablation": dit_ablation_table,

@@ -304,3 +304,13 @@ def test_dit_ablation_trains_scores_adopts_and_reports_on_a_tiny_budget(tmp_path
     assert dit_ablation.main([*tiny, "--seeds", "0", "--variants", "nala", "--adopt", f"nala={seed0}"]) == 0
     assert json.loads(ledger.read_text())["adopted_from"] == str(seed0)
     assert dit_ablation.main([*tiny, "--report-only"]) == 0  # the ledger alone
+
+
+def test_every_network_on_the_board_has_a_published_entry_with_its_source():
+    from nala_gen.sr.peers import PEERS, PUBLISHED_X4
+
+    assert set(PUBLISHED_X4) == {*PEERS, "nalasr", "esrt"}
+    for entry in PUBLISHED_X4.values():
+        assert "arXiv" in entry["source"]
+        for figure in (entry["set5"], entry["urban100"]):
+            assert figure is None or (20 < figure[0] < 40 and 0.5 < figure[1] < 1)

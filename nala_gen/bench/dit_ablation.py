@@ -207,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS))
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--adopt", nargs="+", default=[], metavar="VARIANT=MODEL", help="score MODEL as seed 0")
-    parser.add_argument("--report-only", action="store_true", help="summarise finished runs; train nothing")
+    parser.add_argument(
+        "--report-only", action="store_true", help="summarise finished (and adopted) runs; train nothing"
+    )
     parser.add_argument("--verbose", action="store_true", help="show the trainings' progress")
     parser.add_argument("--per-class", type=int, default=QUALITY["per_class"], help="quality: samples per class")
     parser.add_argument("--sample-steps", type=int, default=QUALITY["steps"], help="quality: sampling steps")
@@ -219,14 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     if len(adopted) != len(args.adopt) or not set(adopted) <= set(VARIANTS):
         print(f"nala-bench dit-ablation: --adopt takes VARIANT=MODEL with VARIANT in {list(VARIANTS)}", file=sys.stderr)
         return 2
+    for variant, model in adopted.items():  # scoring, not training: --report-only too
+        try:
+            row = adopt(root, variant, model, args.steps, quality)
+        except (ValueError, OSError) as err:
+            print(f"nala-bench dit-ablation: {err}", file=sys.stderr)
+            return 1
+        print(f"{variant:<18} seed 0  adopted {model}: accuracy {row['accuracy']:.3f}", flush=True)
     if not args.report_only:
-        for variant, model in adopted.items():
-            try:
-                row = adopt(root, variant, model, args.steps, quality)
-            except (ValueError, OSError) as err:
-                print(f"nala-bench dit-ablation: {err}", file=sys.stderr)
-                return 1
-            print(f"{variant:<18} seed 0  adopted {model}: accuracy {row['accuracy']:.3f}", flush=True)
         for seed in args.seeds:  # every variant at one seed before the next: a stop leaves comparable sets
             for variant in args.variants:
                 try:

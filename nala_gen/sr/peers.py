@@ -27,3 +27,22 @@ def peer_network(name: str, scale: int = 4) -> dict:
     """A BasicSR ``network_g`` for the peer: {"type": arch, ...its settings, scale}."""
     arch, config = PEERS[name]
     return {"type": arch, **config, ("scale" if arch == "RRDBNet" else "upscale"): scale}
+
+
+# Published x4 PSNR/SSIM (Y channel, bicubic degradation) on Set5 and Urban100, as each network's own paper gives
+# them, for the README's "published" column; None where no such figure was found. Not measured here.
+PUBLISHED_X4: dict[str, dict] = {
+    "swinir": {"set5": (32.44, 0.8976), "urban100": (26.47, 0.7980),
+               "source": "SwinIR (arXiv 2108.10257), Table 3, lightweight SR, x4 (trained on DIV2K)"},
+    "rrdb": {"set5": (32.73, 0.9011), "urban100": (27.03, 0.8153),
+             "source": "ESRGAN (arXiv 1809.00219v2), supplementary Table 2, RRDB PSNR-oriented, trained on DF2K"},
+    "esrt": {"set5": (32.19, 0.8947), "urban100": (26.39, 0.7962),
+             "source": "ESRT (arXiv 2108.11084), x4 as reproduced in later papers' tables; the paper's own table "
+                       "was not available here to check against"},
+    "edsr": {"set5": None, "urban100": None,
+             "source": "EDSR (arXiv 1707.02921) gives its baseline on DIV2K validation only (Table 2: 28.94/0.8963)"},
+    "srvgg": {"set5": None, "urban100": None,
+              "source": "Real-ESRGAN (arXiv 2107.10833) publishes no bicubic PSNR for its compact (blind SR) model"},
+    "nalasr": {"set5": None, "urban100": None,
+               "source": "the NaLa paper (arXiv 2506.21137) reports SR memory and latency; no PSNR table was found"},
+}  # fmt: skip
