@@ -388,9 +388,11 @@ def sr_peers_table() -> str:
         "| network | params | GFLOP per MP out | LR in → MP out | s | MP/s | GFLOP/s | process peak |",
         "|---|---|---|---|---|---|---|---|",
     ]
+    latest = data.get("run")
+    earlier = sorted({r.get("run", "earlier run") for r in data["rows"] if latest and r.get("run") != latest})
     for r in data["rows"]:
         cost = data["costs"][r["model"]]
-        name = f"{r['model']} ({cost['arch']})"
+        name = f"{r['model']} ({cost['arch']})" + ("‡" if latest and r.get("run") != latest else "")
         if r["status"] != "ok":
             why = r.get("note", r["status"])
             lines.append(row(name, f"{cost['params'] / 1e6:.2f} M", "", f"{r['lr_side']}²", why, "", "", ""))
@@ -408,6 +410,8 @@ def sr_peers_table() -> str:
                 f"{r['process_peak_bytes'] / 2**20:,.0f} MiB",
             )
         )
+    if earlier:
+        lines += ["", f"‡ not rerun in the latest run ({latest}): from {', '.join(earlier)} (`--keep-others`)."]
     if psnr:
         lines += [
             "",

@@ -314,3 +314,23 @@ def test_every_network_on_the_board_has_a_published_entry_with_its_source():
         assert "arXiv" in entry["source"]
         for figure in (entry["set5"], entry["urban100"]):
             assert figure is None or (20 < figure[0] < 40 and 0.5 < figure[1] < 1)
+
+
+def test_peer_board_keeps_the_rows_it_does_not_rerun_and_says_from_which_run():
+    from nala_gen.bench.sr_scaling import kept_rows
+
+    def board_row(model, side, s, run=None):
+        return {"model": model, "lr_side": side, "latency_s": s, **({"run": run} if run else {})}
+
+    previous = {
+        "rows": [board_row(m, side, 1.0) for side in (125, 250) for m in ("nalasr", "srvgg", "swinir")],
+        "costs": {m: {"params": 1} for m in ("nalasr", "srvgg", "swinir")},
+    }
+    new = [board_row("nalasr", side, 0.5, "now") for side in (125, 250)]
+    rows, costs = kept_rows(previous, new, {"nalasr": {"params": 2}})
+    assert [(r["model"], r["lr_side"]) for r in rows] == [
+        (m, side) for side in (125, 250) for m in ("nalasr", "srvgg", "swinir")
+    ]
+    assert all(r["latency_s"] == 0.5 and r["run"] == "now" for r in rows if r["model"] == "nalasr")
+    assert all(r["run"] == "earlier run" and r["latency_s"] == 1.0 for r in rows if r["model"] != "nalasr")
+    assert costs["nalasr"] == {"params": 2} and costs["swinir"] == {"params": 1}

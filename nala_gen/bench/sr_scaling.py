@@ -312,6 +312,16 @@ def plot_pareto(rows: list[dict], psnr: dict, path: Path) -> None:
     pareto_figure(rows, psnr).savefig(path)
 
 
+def kept_rows(previous: dict, rows: list[dict], costs: dict) -> tuple[list[dict], dict]:
+    """The new rows with the previous board's rows of the networks not rerun (marked with their own run, or
+    "earlier run" for files from before runs were recorded), in board order; and the costs of all of them."""
+    rerun = {r["model"] for r in rows}
+    kept = [{"run": "earlier run", **r} for r in previous.get("rows", []) if r["model"] not in rerun]
+    order = list(ARCHS)
+    merged = sorted([*rows, *kept], key=lambda r: (r["lr_side"], order.index(r["model"])))
+    return merged, {**{m: c for m, c in previous.get("costs", {}).items() if m not in rerun}, **costs}
+
+
 def peers_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nala-bench peers", description="NaLaSR among the SR networks people use.")
     parser.add_argument("--models", nargs="+", default=list(BOARD), choices=list(ARCHS))
@@ -335,6 +345,12 @@ def peers_main(argv: list[str] | None = None) -> int:
         metavar="MODEL:SIDE",
         help="points not to run (their rows say so), e.g. esrt:500 (quadratic attention: over 20 minutes)",
     )
+    parser.add_argument(
+        "--keep-others",
+        action="store_true",
+        help="rerun only --models and keep the other networks' rows of the existing sr_peers.json (each row says "
+        "which run measured it)",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SIDE", "TILED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     limit = int(args.mem_limit_gb * 2**30)
@@ -351,6 +367,7 @@ def peers_main(argv: list[str] | None = None) -> int:
     for model in args.models:
         net = build(model)
         costs[model] = {"arch": ARCHS[model][0], "params": sum(p.numel() for p in net.parameters())}
+    run = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = []
     for side in args.sides:
         for model in args.models:
@@ -363,7 +380,7 @@ def peers_main(argv: list[str] | None = None) -> int:
                 result = run_worker("nala_gen.bench.cli", worker_args, timeout=args.timeout)
                 if result["status"] != "oom":
                     break
-            row = {"model": model, "lr_side": side, **costs[model], **result}
+            row = {"model": model, "lr_side": side, **costs[model], **result, "run": run}
             rows.append(row)
             shown = (
                 f"{row['latency_s']:7.2f} s  {row['megapixels_per_s']:.3f} MP/s  {row['gflop_per_mp']:7.1f} GFLOP/MP  "
@@ -373,8 +390,12 @@ def peers_main(argv: list[str] | None = None) -> int:
                 else f"{row['status']}: {row.get('note', '')[:80]}"
             )
             print(f"{model:<7} {side:>4}² LR  {shown}", flush=True)
+    previous = args.out / "sr_peers.json"
+    if args.keep_others and previous.is_file():
+        rows, costs = kept_rows(json.loads(previous.read_text()), rows, costs)
     psnr = ablation_psnr(args.out / "sr_ablation.json")
     result = {"machine": machine_info("cpu"), "scale": 4, "repeats": args.repeats, "mem_limit_bytes": limit}
+    result["run"] = run
     result.update(costs=costs, rows=rows, ablation_psnr=psnr)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sr_peers.json").write_text(json.dumps(result, indent=1))
