@@ -111,6 +111,8 @@ def plot(result: dict, path: Path) -> None:
     phases = result["phases"]["phases_s"]
     fig, ax = plt.subplots(figsize=(9, 3.2), dpi=110)
     rows = [("first run (no probe cache)", result["cli_first"]), ("later runs (probe cache)", result["cli_cached"])]
+    names = ["interpreter", *phases, "compute (job)", "rest (CLI, exit)"]
+    colours = {name: plt.cm.tab10(i % 10) for i, name in enumerate(names)}  # one colour per part in both rows
     for y, (_, run) in enumerate(rows):
         left = 0.0
         parts = [("interpreter", result["interpreter_s"])]
@@ -118,8 +120,8 @@ def plot(result: dict, path: Path) -> None:
         parts.append(("compute (job)", run["compute_s"]))
         known = sum(seconds for _, seconds in parts)
         parts.append(("rest (CLI, exit)", max(run["wall_s"] - known, 0.0)))
-        for i, (name, seconds) in enumerate(parts):
-            ax.barh(y, seconds, left=left, color=plt.cm.tab10(i % 10), label=name if y == 0 else None)
+        for name, seconds in parts:
+            ax.barh(y, seconds, left=left, color=colours[name], label=name if y == 0 else None)
             left += seconds
         ax.text(left + 0.05, y, f"{run['wall_s']:.2f} s", va="center", fontsize=8)
     ax.set_yticks(range(len(rows)), [label for label, _ in rows])
