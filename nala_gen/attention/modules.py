@@ -189,8 +189,8 @@ class NaLaAttention(nn.Module):
             out = out.add_(local) if in_place else out + local
             del local
         if self.out_norm is not None:
+            out = self.out_norm(out)  # before g is made: the unnormalised output is gone by then
             g = F.linear(x, weight[3 * c :], None if bias is None else bias[3 * c :])
-            out = self.out_norm(out)
             out = F.silu(g, inplace=True).mul_(out) if in_place else out * F.silu(g)
         return out
 

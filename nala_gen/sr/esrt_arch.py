@@ -243,7 +243,9 @@ class ESRTBody(nn.Module):
         for hpb in self.hpbs:
             feat = hpb(feat)
             outs.append(feat)
-        out = self.conv(self.transformer(self.reduce(torch.cat(outs, dim=1))))
+        merged = self.reduce(torch.cat(outs, dim=1))
+        del outs, feat  # not held through the transformer, the pass's high-water mark (autograd keeps its own)
+        out = self.conv(self.transformer(merged))
         return self.scale_x(x) + self.scale_res(out)
 
 

@@ -169,30 +169,34 @@ class HeadGroupedMix(nn.Module):
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         """x: (B, N, C) tokens of an H x W grid -> (B, N, C), the block's output before its projection."""
-        block, (b, n, c) = self.block, x.shape
-        width, per_group = self.width, self.heads_per_group
+        block = self.block
         rope = block._rope(hw, x.device)
         scale = None if block.log_norm_scale is None else block.log_norm_scale.exp().view(-1, 1, 1)
-        out = x.new_empty(b, n, c)
+        out = torch.empty_like(x)
         for g in range(self.qkv_weight.shape[0]):
-            qkv = F.linear(x, self.qkv_weight[g], self.qkv_bias[g])
-            q, k, v = qkv.unflatten(-1, (3, per_group, width // per_group)).permute(2, 0, 3, 1, 4)
-            options = block.kernel_options
-            if scale is not None:
-                options = {**options, "norm_scale": scale[g * per_group : (g + 1) * per_group]}
-            attended = linear_attention(q, k, v, kernel=block.kernel, rope=rope, **options)  # (B, h_g, N, d)
-            channels = out[..., g * width : (g + 1) * width]
-            channels.view(b, n, per_group, -1).copy_(attended.transpose(1, 2))
-            if block.lepe is not None:
-                lepe = block.lepe
-                v_map = tokens_to_map(v.transpose(1, 2).reshape(b, n, width), hw)
-                picked = slice(g * width, (g + 1) * width)
-                local = F.conv2d(v_map, lepe.weight[picked], lepe.bias[picked], padding=lepe.padding, groups=width)
-                channels.add_(map_to_tokens(local))
+            self._attend(x, g, out, hw, rope, scale)
         if block.out_norm is None:
             return out
-        gate = F.linear(x, self.gate_weight, self.gate_bias)
-        return F.silu(gate, inplace=True).mul_(block.out_norm(out))
+        out = block.out_norm(out)  # before the gate's projection: the unnormalised output is gone by then
+        return F.silu(F.linear(x, self.gate_weight, self.gate_bias), inplace=True).mul_(out)
+
+    def _attend(self, x: Tensor, g: int, out: Tensor, hw: tuple[int, int], rope, scale: Tensor | None) -> None:
+        """Head group ``g``'s attention and LePE into its channels of ``out``; its temporaries die on return."""
+        block, (b, n, _), width, per_group = self.block, x.shape, self.width, self.heads_per_group
+        qkv = F.linear(x, self.qkv_weight[g], self.qkv_bias[g])
+        q, k, v = qkv.unflatten(-1, (3, per_group, width // per_group)).permute(2, 0, 3, 1, 4)
+        options = block.kernel_options
+        if scale is not None:
+            options = {**options, "norm_scale": scale[g * per_group : (g + 1) * per_group]}
+        attended = linear_attention(q, k, v, kernel=block.kernel, rope=rope, **options)  # (B, h_g, N, d)
+        channels = out[..., g * width : (g + 1) * width]
+        channels.view(b, n, per_group, -1).copy_(attended.transpose(1, 2))
+        del attended
+        if block.lepe is not None:
+            lepe, picked = block.lepe, slice(g * width, (g + 1) * width)
+            v_map = tokens_to_map(v.transpose(1, 2).reshape(b, n, width), hw)
+            local = F.conv2d(v_map, lepe.weight[picked], lepe.bias[picked], padding=lepe.padding, groups=width)
+            channels.add_(map_to_tokens(local))
 
 
 class ComposedTransformer(nn.Module):
@@ -210,11 +214,11 @@ class ComposedTransformer(nn.Module):
     * ``fold(b) = count * x + conv_transpose(h, W_p) + conv_transpose(z, W_2) + fold(b_p + b_2)``, ``count`` the
       number of 3x3 windows covering a pixel.
 
-    Two convolutions of x (to R + 1 and R + M + 1 channels, one on each side of the attention, so that neither is
-    held while it runs) and one Linear on h replace the unfold, both LayerNorms, the reduction and the two residual
-    adds over D-wide tokens, and the fold; the attention (``mix``) and the MLP's
-    second layer run as before. Per LR pixel it does about a third more multiply-adds than the plain module, all
-    in convolutions and GEMMs, and moves several times fewer bytes.
+    Convolutions of x (to R + 1 channels before the attention; after it to R + 1 for LN2's statistics, then to M
+    for fc1, so that none is held while the attention runs and one part at a time after it) and Linears on h
+    replace the unfold, both LayerNorms, the reduction and the two residual adds over D-wide tokens, and the fold;
+    the attention (``mix``) and the MLP's second layer run as before. Per LR pixel it does about a third more
+    multiply-adds than the plain module, all in convolutions and GEMMs, and moves several times fewer bytes.
 
     Args:
         et: a trained :class:`~nala_gen.sr.esrt_arch.EfficientTransformer` whose attention has ``reduce`` (no
@@ -245,14 +249,16 @@ class ComposedTransformer(nn.Module):
         self.dim, self.eps1, self.eps2 = dim, et.norm1.eps, et.norm2.eps
         ones = torch.ones(1, dim, dtype=torch.float64)
         buffers = {
-            # two convs of x, one before the attention, one after (so neither is held while it runs):
-            # [reduce(g1 T) | sum T | zeros], R + 1 (+ pad), and [W_p^T T | fc1(g2 T) | b_p . T | zeros], R + M + 1
+            # Convs of x: before the attention [reduce(g1 T) | sum T], R + 1 (+ zero rows to pad); after it, for
+            # LN2's statistics [W_p^T T | b_p . T], R + 1, then for fc1 [fc1(g2 T)], M: made one after the other
+            # (and the same split for the Linears on h), so that no conv output is held while the attention runs
+            # and at most one part's outputs are held at a time after it.
             "x_weight_in": _padded_rows(torch.cat([w_r_g, ones])).view(-1, channels, 3, 3),
-            "x_weight_out": _padded_rows(torch.cat([w_p.T, w_1_g, b_p[None]])).view(-1, channels, 3, 3),
-            # Linear on h -> [W_p^T W_p h | fc1(g2 W_p h) | sum W_p h | b_p . W_p h | zeros], R + M + 2 (+ pad)
-            "h_weight": _padded_rows(
-                torch.cat([w_p.T @ w_p, w_1_g @ w_p, w_p.sum(0, keepdim=True), (b_p @ w_p)[None]])
-            ),
+            "x_weight_proj": _padded_rows(torch.cat([w_p.T, b_p[None]])).view(-1, channels, 3, 3),
+            "x_weight_fc1": _padded_rows(w_1_g).view(-1, channels, 3, 3),
+            # Linears on h -> [W_p^T W_p h | sum W_p h | b_p . W_p h], R + 2, and [fc1(g2 W_p h)], M (+ pad)
+            "h_weight_proj": _padded_rows(torch.cat([w_p.T @ w_p, w_p.sum(0, keepdim=True), (b_p @ w_p)[None]])),
+            "h_weight_fc1": _padded_rows(w_1_g @ w_p),
             "reduce_sum": w_r_g.sum(1),
             "reduce_bias": w_r @ f64(et.norm1.bias),
             "fc1_sum": w_1_g.sum(1),
@@ -288,20 +294,33 @@ class ComposedTransformer(nn.Module):
         del conv
         h = self.mix(reduced, (height, width))  # (B, N, R)
         del reduced
-        conv = tokens(F.conv2d(x, self.x_weight_out, padding=1))  # (B, N, R + M + 1 + pad)
-        lin = F.linear(h, self.h_weight)  # (B, N, R + M + 2 + pad)
-        mean_a = (sum_t + lin[..., r + m : r + m + 1] + self.proj_bias_sum) / d
-        t_dot_o = (conv[..., :r] * h).sum(-1, keepdim=True) + conv[..., r + m : r + m + 1]
-        o_sq = (lin[..., :r] * h).sum(-1, keepdim=True) + 2 * lin[..., r + m + 1 : r + m + 2] + self.proj_bias_sq
+        conv = tokens(F.conv2d(x, self.x_weight_proj, padding=1))  # (B, N, R + 1 + pad)
+        lin = F.linear(h, self.h_weight_proj)  # (B, N, R + 2 + pad)
+        mean_a = (sum_t + lin[..., r : r + 1] + self.proj_bias_sum) / d
+        t_dot_o = _row_dot(conv[..., :r], h) + conv[..., r : r + 1]
+        o_sq = _row_dot(lin[..., :r], h) + 2 * lin[..., r + 1 : r + 2] + self.proj_bias_sq
+        del conv, lin
         rstd_a = torch.rsqrt((sq_t + 2 * t_dot_o + o_sq) / d - mean_a.square() + self.eps2)
-        pre = conv[..., r : r + m] + lin[..., r : r + m] + self.fc1_inner
-        z = pre.sub_(mean_a * self.fc1_sum).mul_(rstd_a).add_(self.fc1_bias).relu_()  # (B, N, M)
-        del conv, lin, pre  # the fold below is the next high-water mark: hold only h and z through it
+        pre = tokens(F.conv2d(x, self.x_weight_fc1, padding=1))[..., :m] + F.linear(h, self.h_weight_fc1)[..., :m]
+        z = pre.add_(self.fc1_inner).sub_(mean_a * self.fc1_sum).mul_(rstd_a).add_(self.fc1_bias).relu_()  # (B, N, M)
+        del pre  # the fold below holds only h and z
         ones = x.new_ones(1, 1, height, width)
         out = F.conv_transpose2d(grid(h), self.fold_h, padding=1)
         out += F.conv_transpose2d(grid(z), self.fold_z, padding=1)
         out += F.conv_transpose2d(ones, self.fold_bias, padding=1)
         return out.addcmul_(x, F.conv_transpose2d(ones, self.box, padding=1))
+
+
+ROW_DOT_CHUNK = 4096  # tokens per step of _row_dot: its product stays a few MB instead of a (B, N, R) tensor
+
+
+def _row_dot(a: Tensor, b: Tensor) -> Tensor:
+    """Per-token dot products of two (B, N, K) tensors -> (B, N, 1), a chunk of tokens at a time."""
+    out = a.new_empty(*a.shape[:-1], 1)
+    for start in range(0, a.shape[1], ROW_DOT_CHUNK):
+        rows = slice(start, start + ROW_DOT_CHUNK)
+        out[:, rows] = (a[:, rows] * b[:, rows]).sum(-1, keepdim=True)
+    return out
 
 
 def _scalar(scale: nn.Module) -> float:
