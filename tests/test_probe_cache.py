@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from nala_gen.bench.upscale_memory import stand_in_network
-from nala_gen.sr import probe_cache
+from nala_gen.sr import probe_cache, upscaler
 from nala_gen.sr.nalasr_arch import NaLaSR
 from nala_gen.sr.upscaler import PROBE_SIDES, MemoryBudgetError, Upscaler
 
@@ -22,6 +22,7 @@ MIB = 2**20
 def cache(tmp_path, monkeypatch):
     path = tmp_path / "cache" / "probes.json"
     monkeypatch.setenv(probe_cache.CACHE_ENV, str(path))
+    monkeypatch.setattr(upscaler, "_JOBS_RUN", False)  # as in a fresh process (other tests ran jobs in this one)
     return path
 
 
@@ -118,3 +119,26 @@ def test_a_second_cli_run_reads_what_the_first_stored(tmp_path):
             first = env_cache.read_text()
             assert len(json.loads(first)) == 1
     assert env_cache.read_text() == first  # read, not probed and stored again
+
+
+def test_probes_taken_after_a_job_are_not_kept_for_other_processes(cache):
+    img = np.full((24, 24, 3), 128, np.uint8)
+    Upscaler(stand_in_network(), 4, "cpu", memory_budget=1024 * MIB).upscale(img)  # probes, stores, then a job
+    assert len(json.loads(cache.read_text())) == 1
+    # a network of another structure, probed in a process whose allocator now holds the job's freed memory
+    Upscaler(tiny_nalasr(), 2, "cpu", memory_budget=1024 * MIB).upscale(img)
+    assert len(json.loads(cache.read_text())) == 1
+
+
+def test_the_key_holds_whether_the_fused_op_runs(monkeypatch):
+    from nala_gen.attention import fused
+
+    net = tiny_nalasr()
+    before = key_of(net)
+    if fused.available():  # the eager path's memory is another network's
+        monkeypatch.setenv("NALA_GEN_FUSED", "0")
+        assert key_of(net) != before
+        monkeypatch.delenv("NALA_GEN_FUSED")
+    assert key_of(net) == before
+    source = probe_cache._code_digest()
+    assert len(source) == 64 and source == probe_cache._code_digest()

@@ -191,7 +191,7 @@ class NaLaAttention(nn.Module):
         if self.out_norm is not None:
             out = self.out_norm(out)  # before g is made: the unnormalised output is gone by then
             g = F.linear(x, weight[3 * c :], None if bias is None else bias[3 * c :])
-            out = F.silu(g, inplace=True).mul_(out) if in_place else out * F.silu(g)
+            out = out.mul_(F.silu(g, inplace=True)) if in_place else out * F.silu(g)  # in the norm's dtype
         return out
 
 

@@ -53,10 +53,9 @@ def run_lock(path: Path) -> Iterator[None]:
 
 def write_row(path: Path, row: dict) -> None:
     """Put a finished run's row in the ledger: whole or not at all."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".json.partial")
-    partial.write_text(json.dumps(row, indent=1) + "\n")
-    partial.replace(path)
+    from nala_gen.fileio import write_atomic  # a temporary file of its own, then a rename
+
+    write_atomic(path, (json.dumps(row, indent=1) + "\n").encode())
 
 
 def seed_statistics(
@@ -89,5 +88,5 @@ def seed_statistics(
             difference = entry[metric] - ref[metric]
             entry[f"{metric}_vs_reference"] = difference
             entry[f"{metric}_vs_reference_se"] = se
-            entry[f"{metric}_beyond_two_se"] = abs(difference) > 2 * se
+            entry[f"{metric}_beyond_two_se"] = se > 0 and abs(difference) > 2 * se  # no spread: no verdict
     return sorted(stats.values(), key=lambda e: order.index(e["variant"]) if e["variant"] in order else len(order))

@@ -99,9 +99,13 @@ def train_one(root: Path, variant: str, steps: int, seed: int, quality: dict = Q
     process is training it."""
     name = run_name(variant, steps, seed)
     ledger_path = root / LEDGER / f"{name}.json"
-    if ledger_path.is_file():
-        return json.loads(ledger_path.read_text())
+    row = ledger_row(ledger_path, quality)
+    if row:
+        return row
     with run_lock(root / "experiments" / f"{name}.lock"):
+        row = ledger_row(ledger_path, quality)  # finished by another process meanwhile
+        if row:
+            return row
         output_dir = Path("experiments") / name
         overrides = [f"seed={seed}", f"output_dir={output_dir}", f"max_steps={steps}"]
         if steps < 500:  # tiny budgets (tests): a checkpoint at the end at least
@@ -109,9 +113,10 @@ def train_one(root: Path, variant: str, steps: int, seed: int, quality: dict = Q
         cmd = [sys.executable, "-m", "nala_gen.diffusion.cli", "train", "--config", str(VARIANTS[variant])]
         cmd += ["--override", *overrides, "--resume", "latest", *(["-q"] if quiet else [])]
         start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stderr = None if not quiet else subprocess.PIPE  # the trainer's progress goes to stderr
+        proc = subprocess.run(cmd, cwd=root, stdout=subprocess.DEVNULL, stderr=stderr, text=True)
         if proc.returncode != 0:
-            tail = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
+            tail = (proc.stderr or "").strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
             raise RuntimeError(f"training {name} failed: {tail[0]}")
         info = json.loads((root / output_dir / "training_info.json").read_text())
         resumed = bool(info.get("resumed_from"))
@@ -134,8 +139,9 @@ def adopt(root: Path, variant: str, model: str, steps: int, quality: dict = QUAL
     """Score ``model`` as the variant's seed-0 run, after checking its training record matches that run."""
     name = run_name(variant, steps, 0)
     ledger_path = root / LEDGER / f"{name}.json"
-    if ledger_path.is_file():
-        return json.loads(ledger_path.read_text())
+    row = ledger_row(ledger_path, quality)
+    if row:
+        return row
     record = training_record(model)
     mismatch = record_mismatch(record, variant_config(root, variant), VARIANTS[variant], steps)
     if mismatch:
@@ -143,6 +149,14 @@ def adopt(root: Path, variant: str, model: str, steps: int, quality: dict = QUAL
     row = _row(root, variant, steps, 0, model, quality, adopted_from=model, trained_by=record["command"])
     write_row(ledger_path, row)
     return row
+
+
+def ledger_row(path: Path, quality: dict) -> dict | None:
+    """The ledger's row at ``path`` if it was scored with these quality settings (another scoring is redone)."""
+    if not path.is_file():
+        return None
+    row = json.loads(path.read_text())
+    return row if row.get("quality") == quality else None
 
 
 def training_record(model: str) -> dict:
@@ -154,12 +168,20 @@ def training_record(model: str) -> dict:
             info = json.loads(candidate.read_text())
             config = info.get("config", {})
             return {"command": info.get("command", ""), "steps": info.get("steps"), "seed": config.get("seed"),
-                    "model": config.get("model", {})}  # fmt: skip
+                    "model": config.get("model", {}), "config": config}  # fmt: skip
     from nala_gen.weights import resolve
 
     card = resolve(model)
     return {"command": card.info.get("command", ""), "steps": card.info.get("steps"), "seed": None,
             "model": card.config}  # fmt: skip
+
+
+def _agrees(recorded, wanted) -> bool:
+    """Whether a recorded value is the config's: dicts key by key, only the keys the config gives (a record
+    also lists the defaults the config leaves out)."""
+    if isinstance(wanted, dict) and isinstance(recorded, dict):
+        return all(_agrees(recorded.get(k), v) for k, v in wanted.items())
+    return recorded == wanted
 
 
 def record_mismatch(record: dict, config: dict, config_path: Path, steps: int) -> str | None:
@@ -169,11 +191,21 @@ def record_mismatch(record: dict, config: dict, config_path: Path, steps: int) -
     command = record["command"].split()
     if record["steps"] != steps:
         return f"{record['steps']} steps, not {steps}"
-    if "--config" not in command or Path(command[command.index("--config") + 1]) != config_path:
+    at = command.index("--config") + 1 if "--config" in command else len(command)
+    if at >= len(command) or Path(command[at]) != config_path:
         return f"its command ({record['command']!r}) does not train {config_path}"
-    seed = record["seed"] if record["seed"] is not None else (None if "--override" in command else config["seed"])
+    if "config" in record:  # a run folder: its whole recorded config, but for what a run of the ablation overrides
+        ignored = ("seed", "output_dir", "max_steps", "checkpoint_every", "log_every")  # none changes the weights
+        trained = {k: v for k, v in record["config"].items() if k not in ignored}
+        wanted = {k: v for k, v in config.items() if k not in ignored}
+        differing = sorted(k for k in wanted if not _agrees(trained.get(k), wanted[k]))
+        if differing:
+            return f"config fields differ: {differing}"
+    elif "--override" in command:  # a weight card records only its model and command: no overrides allowed
+        return f"its command ({record['command']!r}) overrides the config"
+    seed = record["seed"] if record["seed"] is not None else config["seed"]
     if seed != 0:
-        return f"seed {seed} (or overrides in its command), not 0"
+        return f"seed {seed}, not 0"
     differing = [k for k, v in config["model"].items() if k in record["model"] and record["model"][k] != v]
     return f"model fields differ: {differing}" if differing else None
 
@@ -239,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
                 shown = f"accuracy {row['accuracy']:.3f}  Fréchet distance {row['frechet_distance']:.2f}"
                 print(f"{variant:<18} seed {seed}  {shown}", flush=True)
     rows = [json.loads(p.read_text()) for p in sorted((root / LEDGER).glob(f"dit_digits_*_{args.steps}st_seed*.json"))]
+    rows = [r for r in rows if r.get("quality") == quality]  # one scoring per table
     if not rows:
         print(f"nala-bench dit-ablation: no finished {args.steps}-step runs in {LEDGER}/", file=sys.stderr)
         return 1

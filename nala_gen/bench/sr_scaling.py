@@ -318,7 +318,8 @@ def kept_rows(previous: dict, rows: list[dict], costs: dict) -> tuple[list[dict]
     rerun = {r["model"] for r in rows}
     kept = [{"run": "earlier run", **r} for r in previous.get("rows", []) if r["model"] not in rerun]
     order = list(ARCHS)
-    merged = sorted([*rows, *kept], key=lambda r: (r["lr_side"], order.index(r["model"])))
+    rank = {model: i for i, model in enumerate(order)}
+    merged = sorted([*rows, *kept], key=lambda r: (r["lr_side"], rank.get(r["model"], len(order))))
     return merged, {**{m: c for m, c in previous.get("costs", {}).items() if m not in rerun}, **costs}
 
 

@@ -57,8 +57,11 @@ def phase_worker(model: str, path: str, repeats: int) -> dict:
     first = engine.upscale(img)[1].latency_s
     warm = [engine.upscale(img)[1].latency_s for _ in range(repeats)]
     x = torch.from_numpy(img).permute(2, 0, 1)[None].float().div(255).contiguous(memory_format=torch.channels_last)
+    from nala_gen.profiling import reused_large_temporaries
+
     bare = {}
-    with torch.no_grad():
+    # As the engine runs its passes: inside reused_large_temporaries (without it every temporary is page-faulted)
+    with torch.no_grad(), reused_large_temporaries():
         for name, network in (("graph", engine.model), ("plain", engine.network)):
             network(x)  # warm-up: oneDNN primitives for this shape
             runs = []
@@ -160,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
             first.append(cli_run(args.model, src, folder / "out.png", cache))
             cached.append(cli_run(args.model, src, folder / "out.png", cache))
             env = {"NALA_GEN_PROBE_CACHE": "off"}
-            worker = run_worker("nala_gen.bench.upscale_overhead", ["--worker", args.model, str(src)], env)
+            worker_args = ["--worker", args.model, str(src), "--repeats", str(args.repeats)]
+            worker = run_worker("nala_gen.bench.upscale_overhead", worker_args, env)
             if worker["status"] != "ok":
                 raise RuntimeError(f"phase worker: {worker}")
             workers.append(worker)

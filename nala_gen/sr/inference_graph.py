@@ -178,7 +178,7 @@ class HeadGroupedMix(nn.Module):
         if block.out_norm is None:
             return out
         out = block.out_norm(out)  # before the gate's projection: the unnormalised output is gone by then
-        return F.silu(F.linear(x, self.gate_weight, self.gate_bias), inplace=True).mul_(out)
+        return out.mul_(F.silu(F.linear(x, self.gate_weight, self.gate_bias), inplace=True))  # the norm's dtype
 
     def _attend(self, x: Tensor, g: int, out: Tensor, hw: tuple[int, int], rope, scale: Tensor | None) -> None:
         """Head group ``g``'s attention and LePE into its channels of ``out``; its temporaries die on return."""
@@ -316,7 +316,7 @@ ROW_DOT_CHUNK = 4096  # tokens per step of _row_dot: its product stays a few MB 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
     """Per-token dot products of two (B, N, K) tensors -> (B, N, 1), a chunk of tokens at a time."""
-    out = a.new_empty(*a.shape[:-1], 1)
+    out = a.new_empty(*a.shape[:-1], 1, dtype=torch.promote_types(a.dtype, b.dtype))  # as (a * b).sum would
     for start in range(0, a.shape[1], ROW_DOT_CHUNK):
         rows = slice(start, start + ROW_DOT_CHUNK)
         out[:, rows] = (a[:, rows] * b[:, rows]).sum(-1, keepdim=True)

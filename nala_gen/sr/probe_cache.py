@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from nala_gen.attention import fused
 from nala_gen.devices import cpu_model
 
 CACHE_ENV = "NALA_GEN_PROBE_CACHE"
@@ -28,14 +29,35 @@ MAX_ENTRIES = 64
 
 
 def cache_path() -> Path | None:
-    """The cache file, or None when ``NALA_GEN_PROBE_CACHE`` is ``off`` (or ``0``)."""
+    """The cache file, or None when ``NALA_GEN_PROBE_CACHE`` is ``off`` (or ``0``) or there is no home folder."""
     chosen = os.environ.get(CACHE_ENV, "")
     if chosen.lower() in ("off", "0", "none"):
         return None
     if chosen:
         return Path(chosen)
-    cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    try:
+        cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    except RuntimeError:  # no home folder (some containers)
+        return None
     return Path(cache_home) / "nala_gen" / "probes.json"
+
+
+# The modules whose code decides a pass's memory: a changed line in any of them is a new key (the package's
+# version is not bumped for every commit).
+_PASS_SOURCES = ("nala_gen.sr.inference_graph", "nala_gen.sr.esrt_arch", "nala_gen.sr.nalasr_arch",
+                 "nala_gen.attention.modules", "nala_gen.attention.functional", "nala_gen.attention.fused",
+                 "nala_gen.attention.kernels")  # fmt: skip
+
+
+def _code_digest() -> str:
+    import importlib.util
+
+    digest = hashlib.sha256()
+    for name in _PASS_SOURCES:
+        spec = importlib.util.find_spec(name)
+        if spec and spec.origin and os.path.isfile(spec.origin):
+            digest.update(Path(spec.origin).read_bytes())
+    return digest.hexdigest()
 
 
 def network_key(network: torch.nn.Module, device: torch.device, precision: str, sides: tuple[int, ...]) -> str:
@@ -52,10 +74,13 @@ def network_key(network: torch.nn.Module, device: torch.device, precision: str, 
         "device": str(device),
         "precision": precision,
         "threads": torch.get_num_threads(),
-        "cpu": cpu_model() if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "cpu": cpu_model(),
+        "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "torch": torch.__version__,
         "nala_gen": _package_version(),
-        "fused": os.environ.get("NALA_GEN_FUSED", "1"),
+        "code": _code_digest(),
+        # whether the fused NaLa op runs (not just whether it is asked for: a build without it runs eager)
+        "fused": (fused.enabled(), fused.instruction_set()),
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -79,6 +104,13 @@ def _entries(path: Path) -> dict:
 
 def load(key: str, count: int) -> list[int] | None:
     """The ``count`` peak readings stored under ``key``, or None (nothing stored, or not in the expected form)."""
+    try:
+        return _load(key, count)
+    except Exception:  # noqa: BLE001  (never cost a job)
+        return None
+
+
+def _load(key: str, count: int) -> list[int] | None:
     path = cache_path()
     if path is None:
         return None
@@ -89,16 +121,26 @@ def load(key: str, count: int) -> list[int] | None:
     return None
 
 
+def _stored_at(entry) -> float:
+    try:
+        return float(entry.get("stored", 0))
+    except (AttributeError, TypeError, ValueError):
+        return 0.0
+
+
 def store(key: str, peaks: list[int]) -> None:
     """Keep ``peaks`` under ``key`` (the oldest entries beyond MAX_ENTRIES go); any failure is ignored."""
     from nala_gen.fileio import write_atomic
 
-    path = cache_path()
+    try:
+        path = cache_path()
+    except Exception:  # noqa: BLE001  (never cost a job)
+        return
     if path is None:
         return
     entries = _entries(path)
     entries[key] = {"peaks": peaks, "stored": time.time()}
-    newest = sorted(entries.items(), key=lambda kv: kv[1].get("stored", 0) if isinstance(kv[1], dict) else 0)
+    newest = sorted(entries.items(), key=lambda kv: _stored_at(kv[1]))
     try:
         write_atomic(path, (json.dumps(dict(newest[-MAX_ENTRIES:]), indent=1) + "\n").encode())
     except OSError:

@@ -55,6 +55,7 @@ ENCODER_COPIES = 2  # an in-memory encode holds the pixels again (channel order)
 # The probed cost of a pass belongs to a network on a device at a precision, not to one Upscaler: measured once per
 # network (the app builds an Upscaler per request around its cached networks); the budget is read at each call.
 _PROBED: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
+_JOBS_RUN = False  # whether this process has run a job (then its probe readings are not kept for others)
 
 
 class MemoryBudgetError(ValueError):
@@ -303,9 +304,12 @@ class Upscaler:
         sides, peaks = _PROBED.setdefault(self.network, {}).setdefault((str(self.device), self.precision), ([], []))
         if len(sides) == len(PROBE_SIDES):
             return [side * side for side in sides], list(peaks)
-        key = probe_cache.network_key(self.network, self.device, self.precision, PROBE_SIDES)
+        try:
+            key = probe_cache.network_key(self.network, self.device, self.precision, PROBE_SIDES)
+        except Exception:  # noqa: BLE001  (a cache must never cost a job: probe as without it)
+            key = None
         if not sides:
-            stored = probe_cache.load(key, len(PROBE_SIDES))
+            stored = probe_cache.load(key, len(PROBE_SIDES)) if key else None
             if stored:  # measured by an earlier process for a network of this structure, here
                 sides.extend(PROBE_SIDES)
                 peaks.extend(stored)
@@ -316,7 +320,9 @@ class Upscaler:
                 break
             peaks.append(self._probe(side))
             sides.append(side)
-        if len(sides) == len(PROBE_SIDES):  # only a full set: a budget-cut one would cut later jobs short
+        # Only a full set (a budget-cut one would cut later jobs short), and only from a process that has not run
+        # a job yet: later, its allocator holds freed memory and the probes read low for a fresh process.
+        if key and len(sides) == len(PROBE_SIDES) and not _JOBS_RUN:
             probe_cache.store(key, list(peaks))
         return [side * side for side in sides], list(peaks)
 
@@ -576,6 +582,8 @@ class Upscaler:
         channels = 1 if img.ndim == 2 else img.shape[2]
         target = output_size(w, h, self.scale, outscale)
         plan = plan or self.plan(h, w, channels, img.dtype.itemsize, outscale, **plan_options)
+        global _JOBS_RUN
+        _JOBS_RUN = True
         start = time.perf_counter()
         with PeakMemory(self.device) as memory:
             sink(self._output_rows(img, target, plan, progress, pred), target, plan)
