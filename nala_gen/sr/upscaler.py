@@ -304,8 +304,10 @@ class Upscaler:
         sides, peaks = _PROBED.setdefault(self.network, {}).setdefault((str(self.device), self.precision), ([], []))
         if len(sides) == len(PROBE_SIDES):
             return [side * side for side in sides], list(peaks)
+        key = None
         try:
-            key = probe_cache.network_key(self.network, self.device, self.precision, PROBE_SIDES)
+            if probe_cache.cache_path() is not None:  # no key (repr, code digest) to make when the cache is off
+                key = probe_cache.network_key(self.network, self.device, self.precision, PROBE_SIDES)
         except Exception:  # noqa: BLE001  (a cache must never cost a job: probe as without it)
             key = None
         if not sides:
