@@ -267,6 +267,16 @@ def test_peer_board_builds_runs_and_reports_every_network_on_a_tiny_size(tmp_pat
     params = {m: c["params"] for m, c in result["costs"].items()}
     assert params["rrdb"] > 10 * params["nalasr"] and 1.2e6 < params["srvgg"] < 1.22e6
     assert (tmp_path / "sr_peers.png").read_bytes()[:4] == b"\x89PNG"
+    assert result["ablation_psnr"] == {}  # no equal-budget runs yet
+
+    # Trainings finish later: --replot takes their PSNR without timing anything again.
+    variant = {"psnr": 27.4, "psnr_std": 0.05, "seeds": [0, 1, 2]}
+    (tmp_path / "sr_ablation.json").write_text(json.dumps({"variants": [{"variant": "nala", **variant}]}))
+    assert peers_main(["--replot", "--out", str(tmp_path)]) == 0
+    replotted = json.loads((tmp_path / "sr_peers.json").read_text())
+    assert replotted["ablation_psnr"] == {"nalasr": [27.4, 0.05, 3]}
+    assert replotted["rows"] == result["rows"]
+    assert peers_main(["--replot", "--out", str(tmp_path / "none")]) == 1
 
 
 @pytest.mark.slow

@@ -147,26 +147,40 @@ def summarise(rows: list[dict]) -> list[dict]:
     return seed_statistics(rows, ("psnr", "ssim"), REFERENCE, list(VARIANTS))
 
 
-def plot(summary: list[dict], bicubic: float, iters: int, path: Path) -> None:
+def plot(summary: list[dict], rows: list[dict], bicubic: float, iters: int, path: Path) -> None:
+    """One line per variant: each seed's PSNR as a dot and the mean ± 2 standard errors as a bar, on an axis
+    centred on REFERENCE's mean so differences of hundredths of a dB stay visible; variants far off that
+    window (a collapsed training, a bigger network) are drawn at its edge with their figure written out."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
-    means = [e["psnr"] for e in summary]
-    errors = [e["psnr_std"] or 0 for e in summary]
-    ax.bar([e["variant"] for e in summary], means, yerr=errors, capsize=3, color="tab:blue")
-    ax.axhline(bicubic, color="gray", linestyle="--", label=f"bicubic {bicubic:.2f} dB")
-    low = min([bicubic, *(m - e for m, e in zip(means, errors))]) - 0.3
-    ax.set_ylim(low, max(m + e for m, e in zip(means, errors)) + 0.2)
-    for i, m in enumerate(means):
-        ax.text(i, m + errors[i] + 0.02, f"{m:.2f}", ha="center", fontsize=7)
-    ax.set_ylabel("PSNR-Y (dB), mini val, x4")
+    reference = next((e["psnr"] for e in summary if e["variant"] == REFERENCE), summary[0]["psnr"])
+    half_width = 0.45
+    low, high = reference - half_width, reference + half_width
+    fig, ax = plt.subplots(figsize=(7, 0.32 * len(summary) + 1.2), dpi=110)
+    for y, entry in enumerate(summary):
+        seeds = [r["psnr"] for r in rows if r["variant"] == entry["variant"]]
+        mean = entry["psnr"]
+        if not low <= mean <= high:
+            edge = low if mean < low else high
+            ax.annotate(f"{mean:.2f} dB (off scale)", (edge, y), xytext=(-4 if mean > high else 4, 0),
+                        textcoords="offset points", ha="right" if mean > high else "left", va="center", fontsize=7)
+            continue
+        ax.scatter([min(max(s, low), high) for s in seeds], [y] * len(seeds), s=12, color="gray", zorder=2)
+        two_se = 2 * entry["psnr_std"] / len(seeds) ** 0.5 if entry["psnr_std"] else 0
+        ax.errorbar(mean, y, xerr=two_se, fmt="D", color="tab:blue", markersize=5, capsize=3, zorder=3)
+    ax.axvline(reference, color="tab:blue", linewidth=0.8, alpha=0.5)
+    if low <= bicubic <= high:
+        ax.axvline(bicubic, color="gray", linestyle="--", label=f"bicubic {bicubic:.2f} dB")
+    ax.set_xlim(low, high)
+    ax.set_yticks(range(len(summary)), [e["variant"] for e in summary], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"PSNR-Y (dB), mini val, x4 (bicubic {bicubic:.2f} dB); line: {REFERENCE}'s mean")
     seeds = max(len(e["seeds"]) for e in summary)
-    ax.set_title(f"NaLaSR-light, attention ablation ({iters} iterations, up to {seeds} seeds; mean ± sd)", fontsize=9)
-    ax.tick_params(axis="x", labelrotation=30, labelsize=7)
-    ax.legend(fontsize=8)
+    ax.set_title(f"NaLaSR-light ablation, {iters} iterations: seeds (dots), mean ± 2 SE (up to {seeds} seeds)",
+                 fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -212,6 +226,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     stem = summary_stem(args.iters)
     (args.out / f"{stem}.json").write_text(json.dumps(summary, indent=1))
-    plot(stats, summary["bicubic"]["psnr"], args.iters, args.out / f"{stem}.png")
+    plot(stats, rows, summary["bicubic"]["psnr"], args.iters, args.out / f"{stem}.png")
     print(f"wrote {args.out / stem}.json and .png")
     return 0

@@ -323,6 +323,21 @@ def kept_rows(previous: dict, rows: list[dict], costs: dict) -> tuple[list[dict]
     return merged, {**{m: c for m, c in previous.get("costs", {}).items() if m not in rerun}, **costs}
 
 
+def replot(out: Path) -> int:
+    """Refresh the board's quality side (``ablation_psnr`` and the Pareto plot) from sr_ablation.json; the
+    timed rows are kept as measured."""
+    board = out / "sr_peers.json"
+    if not board.is_file():
+        print(f"no {board}: run `nala-bench peers` first", file=sys.stderr)
+        return 1
+    result = json.loads(board.read_text())
+    result["ablation_psnr"] = ablation_psnr(out / "sr_ablation.json")
+    board.write_text(json.dumps(result, indent=1))
+    plot_pareto(result["rows"], result["ablation_psnr"], out / "sr_peers.png")
+    print(f"wrote {board} and {out / 'sr_peers.png'} (rows as measured at {result.get('run', '?')})")
+    return 0
+
+
 def peers_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nala-bench peers", description="NaLaSR among the SR networks people use.")
     parser.add_argument("--models", nargs="+", default=list(BOARD), choices=list(ARCHS))
@@ -352,9 +367,17 @@ def peers_main(argv: list[str] | None = None) -> int:
         help="rerun only --models and keep the other networks' rows of the existing sr_peers.json (each row says "
         "which run measured it)",
     )
+    parser.add_argument(
+        "--replot",
+        action="store_true",
+        help="time nothing: redraw sr_peers.png and its PSNR figures from the existing sr_peers.json and the current "
+        "sr_ablation.json (after more equal-budget trainings have finished)",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SIDE", "TILED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     limit = int(args.mem_limit_gb * 2**30)
+    if args.replot:
+        return replot(args.out)
     if args.worker:
         model, side, tiled = args.worker
         if tiled == "profile":
