@@ -382,11 +382,13 @@ def sr_peers_table() -> str:
         f"forward as the upscaling engine runs it (NaLaSR and ESRT through their inference graph; every network "
         f"with the engine's reused temporaries) unless marked tiled (the engine's auto tiles, 4 GiB budget); "
         f"median of {data['repeats']} runs "
-        f"after an untimed pass that also counts the FLOPs; fresh process per point, process peak = its "
-        f"`ru_maxrss` (libraries included); {cores(machine)}, torch {machine['torch']}.",
+        f"after an untimed warm-up pass; fresh process per point; process peak = its `ru_maxrss` (libraries "
+        f"included) over the warm-up and timed passes, pass peak = that minus the process's RSS once the libraries, "
+        f"weights and input were loaded; FLOPs counted on one more pass after those figures were read; "
+        f"{cores(machine)}, torch {machine['torch']}.",
         "",
-        "| network | params | GFLOP per MP out | LR in → MP out | s | MP/s | GFLOP/s | process peak |",
-        "|---|---|---|---|---|---|---|---|",
+        "| network | params | GFLOP per MP out | LR in → MP out | s | MP/s | GFLOP/s | process peak | pass peak |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     latest = data.get("run")
     earlier = sorted({r.get("run", "earlier run") for r in data["rows"] if latest and r.get("run") != latest})
@@ -395,7 +397,7 @@ def sr_peers_table() -> str:
         name = f"{r['model']} ({cost['arch']})" + ("‡" if latest and r.get("run") != latest else "")
         if r["status"] != "ok":
             why = r.get("note", r["status"])
-            lines.append(row(name, f"{cost['params'] / 1e6:.2f} M", "", f"{r['lr_side']}²", why, "", "", ""))
+            lines.append(row(name, f"{cost['params'] / 1e6:.2f} M", "", f"{r['lr_side']}²", why, "", "", "", ""))
             continue
         tiled = f" (tiled, {r['tiles']})" if r["tiled"] else ""
         lines.append(
@@ -408,6 +410,7 @@ def sr_peers_table() -> str:
                 f"{r['megapixels_per_s']:.3f}",
                 f"{r['gflops_achieved']:.0f}",
                 f"{r['process_peak_bytes'] / 2**20:,.0f} MiB",
+                f"{r['pass_peak_bytes'] / 2**20:,.0f} MiB" if "pass_peak_bytes" in r else "–",
             )
         )
     if earlier:

@@ -264,6 +264,7 @@ def test_peer_board_builds_runs_and_reports_every_network_on_a_tiny_size(tmp_pat
             continue
         assert r["status"] == "ok" and not r["tiled"], r
         assert r["output_megapixels"] == 32**2 / 1e6 and r["gflop_per_mp"] > 0 and r["process_peak_bytes"] > 0
+        assert 0 < r["loaded_rss_bytes"] and r["loaded_rss_bytes"] + r["pass_peak_bytes"] == r["process_peak_bytes"]
     params = {m: c["params"] for m, c in result["costs"].items()}
     assert params["rrdb"] > 10 * params["nalasr"] and 1.2e6 < params["srvgg"] < 1.22e6
     assert (tmp_path / "sr_peers.png").read_bytes()[:4] == b"\x89PNG"

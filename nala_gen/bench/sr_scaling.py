@@ -182,17 +182,20 @@ def flops_of(fn):
 
 def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool) -> dict:
     """One network at one LR side in this (fresh) process: whole-image forward as the engine runs it (channels-last,
-    the inference graph, reused temporaries), or the engine's auto tiles within a 4 GiB budget; FLOPs counted on
-    the first (untimed) pass."""
+    the inference graph, reused temporaries), or the engine's auto tiles within a 4 GiB budget. The memory figures
+    are read after an untimed warm-up pass and the timed ones, before the FLOPs are counted on one more pass: the
+    counter is a measuring instrument (a dispatch mode over every op), and its pass grows the heap beyond what the
+    network's own passes need (NaLaSR-light at 1 MP: about 200 MiB)."""
     import resource
 
-    from nala_gen.profiling import reused_large_temporaries
+    from nala_gen.profiling import current_rss, reused_large_temporaries
     from nala_gen.sr.inference_graph import inference_graph
 
     limit_memory(mem_limit)
     torch.manual_seed(0)
     net = inference_graph(build(model).eval().to(memory_format=torch.channels_last))  # as the engine runs it
     x = padded_input(model, side, side).contiguous(memory_format=torch.channels_last)
+    loaded = current_rss()  # libraries, weights and the input: what the process holds before any pass
     # the engine's allocator setting for a pass (no page faults for each temporary), for every network alike
     with torch.inference_mode(), reused_large_temporaries():
         if tiled:
@@ -202,13 +205,16 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
 
             engine = Upscaler(net, 4, "cpu", memory_budget=4 * 2**30)
             img = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
-            (_, first), flops = flops_of(lambda: engine.upscale(img))
+            tiles = engine.upscale(img)[1].tiles  # warm-up
             runs = [engine.upscale(img)[1].latency_s for _ in range(repeats)]
-            tiles = first.tiles
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            _, flops = flops_of(lambda: engine.upscale(img))
         else:
-            _, flops = flops_of(lambda: net(x))  # warm-up and the FLOP count
+            net(x)  # warm-up
             runs = [_timed(net, x) for _ in range(repeats)]
             tiles = 1
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+            _, flops = flops_of(lambda: net(x))
     latency = statistics.median(runs)
     out_mp = (side * 4) ** 2 / 1e6
     return {
@@ -219,7 +225,9 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
         "megapixels_per_s": out_mp / latency,
         "gflop_per_mp": flops / 1e9 / out_mp,
         "gflops_achieved": flops / 1e9 / latency,
-        "process_peak_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "process_peak_bytes": peak,
+        "loaded_rss_bytes": loaded,
+        "pass_peak_bytes": peak - loaded,  # what the passes added on top of the loaded process
         "tiled": tiled,
         "tiles": tiles,
     }
