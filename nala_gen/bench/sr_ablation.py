@@ -165,8 +165,15 @@ def plot(summary: list[dict], rows: list[dict], bicubic: float, iters: int, path
         mean = entry["psnr"]
         if not low <= mean <= high:
             edge = low if mean < low else high
-            ax.annotate(f"{mean:.2f} dB (off scale)", (edge, y), xytext=(-4 if mean > high else 4, 0),
-                        textcoords="offset points", ha="right" if mean > high else "left", va="center", fontsize=7)
+            ax.annotate(
+                f"{mean:.2f} dB (off scale)",
+                (edge, y),
+                xytext=(-4 if mean > high else 4, 0),
+                textcoords="offset points",
+                ha="right" if mean > high else "left",
+                va="center",
+                fontsize=7,
+            )
             continue
         ax.scatter([min(max(s, low), high) for s in seeds], [y] * len(seeds), s=12, color="gray", zorder=2)
         two_se = 2 * entry["psnr_std"] / len(seeds) ** 0.5 if entry["psnr_std"] else 0
@@ -179,8 +186,9 @@ def plot(summary: list[dict], rows: list[dict], bicubic: float, iters: int, path
     ax.invert_yaxis()
     ax.set_xlabel(f"PSNR-Y (dB), mini val, x4 (bicubic {bicubic:.2f} dB); line: {REFERENCE}'s mean")
     seeds = max(len(e["seeds"]) for e in summary)
-    ax.set_title(f"NaLaSR-light ablation, {iters} iterations: seeds (dots), mean ± 2 SE (up to {seeds} seeds)",
-                 fontsize=9)
+    ax.set_title(
+        f"NaLaSR-light ablation, {iters} iterations: seeds (dots), mean ± 2 SE (up to {seeds} seeds)", fontsize=9
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
