@@ -161,7 +161,7 @@ def plot(summary: list[dict], rows: list[dict], bicubic: float, iters: int, path
     low, high = reference - half_width, reference + half_width
     fig, ax = plt.subplots(figsize=(7, 0.32 * len(summary) + 1.2), dpi=110)
     for y, entry in enumerate(summary):
-        seeds = [r["psnr"] for r in rows if r["variant"] == entry["variant"]]
+        seed_psnrs = [r["psnr"] for r in rows if r["variant"] == entry["variant"]]
         mean = entry["psnr"]
         if not low <= mean <= high:
             edge = low if mean < low else high
@@ -175,8 +175,8 @@ def plot(summary: list[dict], rows: list[dict], bicubic: float, iters: int, path
                 fontsize=7,
             )
             continue
-        ax.scatter([min(max(s, low), high) for s in seeds], [y] * len(seeds), s=12, color="gray", zorder=2)
-        two_se = 2 * entry["psnr_std"] / len(seeds) ** 0.5 if entry["psnr_std"] else 0
+        ax.scatter([min(max(p, low), high) for p in seed_psnrs], [y] * len(seed_psnrs), s=12, color="gray", zorder=2)
+        two_se = 2 * entry["psnr_std"] / len(seed_psnrs) ** 0.5 if entry["psnr_std"] else 0
         ax.errorbar(mean, y, xerr=two_se, fmt="D", color="tab:blue", markersize=5, capsize=3, zorder=3)
     ax.axvline(reference, color="tab:blue", linewidth=0.8, alpha=0.5)
     if low <= bicubic <= high:

@@ -185,7 +185,7 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
     the inference graph, reused temporaries), or the engine's auto tiles within a 4 GiB budget. The memory figures
     are read after an untimed warm-up pass and the timed ones, before the FLOPs are counted on one more pass: the
     counter is a measuring instrument (a dispatch mode over every op), and its pass grows the heap beyond what the
-    network's own passes need (NaLaSR-light at 1 MP: about 200 MiB)."""
+    network's own passes need."""
     import resource
 
     from nala_gen.profiling import current_rss, reused_large_temporaries
@@ -205,16 +205,28 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
 
             engine = Upscaler(net, 4, "cpu", memory_budget=4 * 2**30)
             img = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
-            tiles = engine.upscale(img)[1].tiles  # warm-up
-            runs = [engine.upscale(img)[1].latency_s for _ in range(repeats)]
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-            _, flops = flops_of(lambda: engine.upscale(img))
+
+            def one_pass():
+                return engine.upscale(img)
+
+            tiles = one_pass()[1].tiles  # warm-up
+
+            def timed_pass() -> float:
+                return one_pass()[1].latency_s
         else:
-            net(x)  # warm-up
-            runs = [_timed(net, x) for _ in range(repeats)]
+
+            def one_pass():
+                return net(x)
+
+            one_pass()  # warm-up
             tiles = 1
-            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-            _, flops = flops_of(lambda: net(x))
+
+            def timed_pass() -> float:
+                return _timed(net, x)
+
+        runs = [timed_pass() for _ in range(repeats)]
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        _, flops = flops_of(one_pass)
     latency = statistics.median(runs)
     out_mp = (side * 4) ** 2 / 1e6
     return {
