@@ -463,34 +463,51 @@ def upscale_overhead_table() -> str:
 
 
 def sr_peer_quality_table() -> str:
-    """The peers' equal-budget quality here (sr_ablation.json) beside their published figures (peers.PUBLISHED_X4)."""
+    """The peers' equal-budget quality here (sr_ablation.json: the mini val split and, for the runs scored there,
+    the photo set's held-out split) beside their published figures (peers.PUBLISHED_X4)."""
     from nala_gen.sr.peers import PUBLISHED_X4
 
     data = json.loads((RESULTS / "sr_ablation.json").read_text())
     variants = {e["variant"]: e for e in data["variants"]}
+    photos = data.get("photos")
+    on_photos = {e["variant"]: e for e in photos["variants"]} if photos else {}
     board = {"nalasr": "nala", "esrt": "emha", "srvgg": "srvgg", "edsr": "edsr", "swinir": "swinir", "rrdb": None}
+    photo_note = (
+        f" The held-out photos (`{photos['val_data']}`, `nala-bench sr-ablation --photos`: the same trained "
+        f"weights; bicubic {photos['bicubic']['psnr']:.2f} / {photos['bicubic']['ssim']:.4f}) are pictures of "
+        "another kind and size than the ten training photos."
+        if photos
+        else " The photo set's held-out split: not scored yet (`nala-bench sr-ablation --photos`)."
+    )
     lines = [
         f"Here: {data['budget']['iters']} iterations each, trained exactly as NaLaSR (`nala-bench sr-ablation`), "
-        f"PSNR/SSIM on Y of `{data['budget']['val_data']}`, mean ± sd over the seeds. Published: the papers' own x4 "
-        "figures on Set5 and Urban100 (trained on DIV2K or DF2K for hundreds of thousands of iterations; not "
-        "measured here, not comparable with the column before them).",
+        f"PSNR/SSIM on Y of `{data['budget']['val_data']}`, mean ± sd over the seeds.{photo_note} Published: the "
+        "papers' own x4 figures on Set5 and Urban100 (trained on DIV2K or DF2K for hundreds of thousands of "
+        "iterations; not measured here, not comparable with the columns before them).",
         "",
-        "| network | here: PSNR / SSIM (seeds) | published Set5 x4 | published Urban100 x4 | published source |",
-        "|---|---|---|---|---|",
+        "| network | here: PSNR / SSIM (seeds) | here, held-out photos | published Set5 x4 | published Urban100 x4 "
+        "| published source |",
+        "|---|---|---|---|---|---|",
     ]
 
     def shown(pair):
         return "–" if pair is None else f"{pair[0]:.2f} / {pair[1]:.4f}"
+
+    def measured(e, prefix=""):
+        sd = f" ± {e[prefix + 'psnr_std']:.2f}" if e.get(prefix + "psnr_std") is not None else ""
+        return f"{e[prefix + 'psnr']:.2f}{sd} / {e[prefix + 'ssim']:.4f} ({len(e['seeds'])})"
 
     for network, variant in board.items():
         e = variants.get(variant)
         if e is None:
             here = "not trained (speed only)" if variant is None else "not trained yet"
         else:
-            sd = f" ± {e['psnr_std']:.2f}" if e.get("psnr_std") is not None else ""
-            here = f"{e['psnr']:.2f}{sd} / {e['ssim']:.4f} ({len(e['seeds'])})"
+            here = measured(e)
+        there = measured(on_photos[variant], "photos_") if variant in on_photos else "–"
         published = PUBLISHED_X4[network]
-        lines.append(row(network, here, shown(published["set5"]), shown(published["urban100"]), published["source"]))
+        lines.append(
+            row(network, here, there, shown(published["set5"]), shown(published["urban100"]), published["source"])
+        )
     return "\n".join(lines)
 
 

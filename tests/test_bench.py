@@ -184,6 +184,24 @@ def test_sr_ablation_runs_trains_resumes_and_reports_on_a_tiny_budget(tmp_path, 
     assert [p.stat().st_mtime_ns for p in results] == stamps
     assert not (tmp_path / "experiments").exists()
     assert (out / "sr_ablation_2it.png").read_bytes()[:4] == b"\x89PNG"
+    assert "photos" not in summary and all("photos_psnr" not in r for r in summary["runs"])
+
+    # Once a held-out photo split exists: --photos scores the finished run (retrained, its checkpoint being gone)
+    # and a new run is scored there as it finishes. The split is the mini one here, so its figures are known.
+    shutil.copytree(tmp_path / "datasets" / "mini" / "val", tmp_path / sr_ablation.PHOTO_VAL)
+    assert (
+        sr_ablation.main(["--iters", "2", "--seeds", "0", "2", "--variants", "nala", "--photos", "--out", str(out)])
+        == 0
+    )
+    old, new = (
+        json.loads((tmp_path / sr_ablation.LEDGER / f"ablation_x4_nala_2it_seed{s}.json").read_text()) for s in (0, 2)
+    )
+    assert old["photos_psnr"] == old["psnr_rerun"]  # the retrained weights, scored on the same pictures
+    assert old["psnr_rerun"] == old["psnr"]  # a seeded run reproduces itself
+    assert "psnr_rerun" not in new and new["photos_psnr"] == new["psnr"]
+    photos = json.loads((out / "sr_ablation_2it.json").read_text())["photos"]
+    assert photos["val_data"] == str(sr_ablation.PHOTO_VAL)
+    assert [(e["variant"], e["seeds"]) for e in photos["variants"]] == [("nala", [0, 2])]  # relu has no photo runs
 
 
 def test_trained_entropy_scores_nala_with_the_models_own_norm_scale():

@@ -8,7 +8,7 @@ layout with its split-softmax attention). ``srvgg``, ``edsr`` and ``swinir`` are
 SRVGGNetCompact, EDSR-baseline, SwinIR-light), trained the same way for the peer board; they are not in the
 default set.
 
-    nala-bench sr-ablation [--iters 1000] [--seeds 0 1 2] [--variants nala emha relu ...] [--report-only]
+    nala-bench sr-ablation [--iters 1000] [--seeds 0 1 2] [--variants nala emha relu ...] [--photos] [--report-only]
 
 Runs are kept under ``experiments/`` as ``ablation_x4_<variant>_<iters>it_seed<seed>``; an interrupted one resumes
 (BasicSR's ``--auto_resume``), so the command can be rerun after a stop. A finished run's result row goes to a
@@ -17,6 +17,10 @@ again, even in a checkout without ``experiments/`` (the checkpoints are a cache,
 summary JSON and PNG gather every ledger row of the budget: per variant the mean and sample standard deviation
 over its seeds, and against ``nala`` (the paper's) the difference of means with its standard error, flagged
 where it exceeds two standard errors.
+Where the photo set is built (``nala-sr prepare photos``), every new run is also scored on its held-out split;
+``--photos`` adds those figures to runs finished before, retraining a run from its seeded option where its
+checkpoint is gone (its rerun's mini-val PSNR is kept beside the recorded one). The summary then has a
+``photos`` block of the same statistics over the runs scored there.
 ``--report-only`` rebuilds them from finished runs without training anything. Several invocations may run side by
 side (one per core, e.g. with the seeds in another order): a run being trained by a live process is locked
 (``experiments/<run>.lock`` holds its pid) and the others pass it by.
@@ -65,6 +69,7 @@ REFERENCE = "nala"  # the variant every other one is compared with
 # The short-run schedule, fixed here rather than scaled from the base file so a longer shipped run does not move it.
 MILESTONE_FRACTIONS = (1 / 2, 3 / 4, 11 / 12)
 VAL_DATA = Path("datasets/mini/val")
+PHOTO_VAL = Path("datasets/photos/val")  # the photo set's held-out pictures (nala-sr prepare photos), when built
 LEDGER = Path("benchmarks/results/sr_ablation_runs")  # one committed JSON row per finished run
 
 
@@ -108,13 +113,16 @@ def train_one(variant: str, iters: int, root: Path, seed: int = 0) -> dict:
         return _train_and_score(variant, iters, root, seed, name, run_dir, ledger_path)
 
 
-def _train_and_score(variant, iters, root, seed, name, run_dir, ledger_path) -> dict:
-    from nala_gen.sr.evaluate import evaluate
-
+def _write_option(variant, iters, root, seed, name) -> Path:
     option_path = root / "experiments" / f"{name}.yml"
     option_path.parent.mkdir(parents=True, exist_ok=True)
     base = yaml.safe_load((root / BASE_OPTION).read_text())
     option_path.write_text(yaml.safe_dump(ablation_option(base, variant, iters, seed)))
+    return option_path
+
+
+def _train(option_path: Path, run_dir: Path, name: str, root: Path) -> float | None:
+    """Train (or resume) the run with BasicSR; its wall time, or None when it resumed an earlier start."""
     states = run_dir / "training_states"
     resumed = states.is_dir() and any(states.iterdir())
     start = time.perf_counter()
@@ -124,20 +132,64 @@ def _train_and_score(variant, iters, root, seed, name, run_dir, ledger_path) -> 
     if proc.returncode != 0:
         tail = proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]
         raise RuntimeError(f"training {name} failed: {tail[0]} (log under {run_dir})")
-    train_s = time.perf_counter() - start
+    return None if resumed else round(time.perf_counter() - start, 1)
+
+
+def _score(data: Path, checkpoint: Path, option_path: Path, tile: int | str = 0) -> dict:
+    from nala_gen.sr.evaluate import evaluate
+
+    scores = evaluate(data, 4, [str(checkpoint)], option=option_path, tile=tile)[str(checkpoint)]
+    return {"psnr": round(scores["psnr"], 3), "ssim": round(scores["ssim"], 4)}
+
+
+def _photo_scores(root: Path, checkpoint: Path, option_path: Path) -> dict:
+    """``photos_psnr`` and ``photos_ssim`` on the photo set's held-out split, or nothing where it is not built."""
+    if not (root / PHOTO_VAL / "GTmod12").is_dir():
+        return {}
+    # Pictures of up to 4 MP out: whole where the job fits the memory, tiled where it does not (ESRT's softmax).
+    scores = _score(root / PHOTO_VAL, checkpoint, option_path, tile="auto")
+    return {"photos_psnr": scores["psnr"], "photos_ssim": scores["ssim"]}
+
+
+def _train_and_score(variant, iters, root, seed, name, run_dir, ledger_path) -> dict:
+    option_path = _write_option(variant, iters, root, seed, name)
+    train_s = _train(option_path, run_dir, name, root)
     checkpoint = run_dir / "models" / "net_g_latest.pth"  # BasicSR writes it when training ends
-    scores = evaluate(root / VAL_DATA, 4, [str(checkpoint)], option=option_path)[str(checkpoint)]
     row = {
         "variant": variant,
         "network_g": VARIANTS[variant],
         "iters": iters,
         "seed": seed,
-        "psnr": round(scores["psnr"], 3),
-        "ssim": round(scores["ssim"], 4),
+        **_score(root / VAL_DATA, checkpoint, option_path),
         # Wall time of an uninterrupted run on this machine (None when it was resumed across sessions).
-        "train_wall_s": None if resumed else round(train_s, 1),
+        "train_wall_s": train_s,
+        **_photo_scores(root, checkpoint, option_path),
     }
     write_row(ledger_path, row)
+    return row
+
+
+def add_photo_scores(variant: str, iters: int, root: Path, seed: int = 0) -> dict:
+    """Give a finished run's ledger row its held-out photo figures. A run scored before the photo set existed
+    whose checkpoint is gone is trained again from its seeded option first; the row then also keeps that
+    retraining's own mini-val PSNR (``psnr_rerun``), so a reader sees whether it reproduced the recorded one.
+    Raises :class:`Busy` when another process holds the run."""
+    name = run_name(variant, iters, seed)
+    ledger_path = root / LEDGER / f"{name}.json"
+    if not (root / PHOTO_VAL / "GTmod12").is_dir():
+        return json.loads(ledger_path.read_text())
+    run_dir = root / "experiments" / name
+    with run_lock(root / "experiments" / f"{name}.lock"):
+        row = json.loads(ledger_path.read_text())  # read under the lock: another process may have scored it
+        if "photos_psnr" in row:
+            return row
+        option_path = _write_option(variant, iters, root, seed, name)
+        checkpoint = run_dir / "models" / "net_g_latest.pth"
+        if not checkpoint.is_file():
+            _train(option_path, run_dir, name, root)
+            row["psnr_rerun"] = _score(root / VAL_DATA, checkpoint, option_path)["psnr"]
+        row.update(_photo_scores(root, checkpoint, option_path))
+        write_row(ledger_path, row)
     return row
 
 
@@ -200,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=int, default=list(DEFAULT_SEEDS), help="seeds of each variant")
     parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--report-only", action="store_true", help="summarise finished runs; train nothing")
+    parser.add_argument(
+        "--photos",
+        action="store_true",
+        help="also score the runs on the photo set's held-out split (retraining those whose checkpoint is gone)",
+    )
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
     if not (VAL_DATA / "GTmod12").is_dir():
@@ -213,10 +270,15 @@ def main(argv: list[str] | None = None) -> int:
             for variant in args.variants:
                 try:
                     row = train_one(variant, args.iters, root, seed)
+                    if args.photos:
+                        row = add_photo_scores(variant, args.iters, root, seed)
                 except Busy:
                     print(f"{variant:<18} seed {seed}  being trained by another process: passed by", flush=True)
                     continue
-                print(f"{variant:<18} seed {seed}  PSNR {row['psnr']:.3f} dB  SSIM {row['ssim']:.4f}", flush=True)
+                shown = f"PSNR {row['psnr']:.3f} dB  SSIM {row['ssim']:.4f}"
+                if "photos_psnr" in row:
+                    shown += f"  held-out photos {row['photos_psnr']:.3f} dB / {row['photos_ssim']:.4f}"
+                print(f"{variant:<18} seed {seed}  {shown}", flush=True)
     done = sorted((root / LEDGER).glob(f"ablation_x4_*_{args.iters}it_seed*.json"))
     rows = [json.loads(p.read_text()) for p in done]
     if not rows:
@@ -231,6 +293,14 @@ def main(argv: list[str] | None = None) -> int:
         "variants": stats,
         "runs": rows,
     }
+    photo_rows = [r for r in rows if "photos_psnr" in r]
+    if photo_rows:  # the held-out photos: only the runs scored there, so their seeds may be fewer
+        photo_bicubic = evaluate(root / PHOTO_VAL, 4, ["bicubic"])["bicubic"]
+        summary["photos"] = {
+            "val_data": str(PHOTO_VAL),
+            "bicubic": {"psnr": round(photo_bicubic["psnr"], 3), "ssim": round(photo_bicubic["ssim"], 4)},
+            "variants": seed_statistics(photo_rows, ("photos_psnr", "photos_ssim"), REFERENCE, list(VARIANTS)),
+        }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = summary_stem(args.iters)
     (args.out / f"{stem}.json").write_text(json.dumps(summary, indent=1))

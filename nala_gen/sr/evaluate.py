@@ -57,10 +57,14 @@ def read_pair(gt_path: Path, lr_path: Path, scale: int) -> tuple[np.ndarray, np.
     return gt, lr
 
 
-def evaluate(data: Path, scale: int, models: list[str], option: Path | None = None) -> dict[str, dict]:
+def evaluate(
+    data: Path, scale: int, models: list[str], option: Path | None = None, tile: int | str = 0
+) -> dict[str, dict]:
     """``{model: {"psnr": mean, "ssim": mean, "per_image": {...}}}`` over the folder's images.
 
     ``models``: ``bicubic``, names, weight paths, or BasicSR ``.pth`` checkpoints described by ``option``.
+    ``tile``: the upscaler's (0: each image whole; ``auto``: whole where the job fits the memory budget, tiled
+    where it does not, as a quadratic attention needs on large pictures).
     """
     from .models import load_sr_model
     from .upscaler import Upscaler
@@ -70,7 +74,7 @@ def evaluate(data: Path, scale: int, models: list[str], option: Path | None = No
         raise FileNotFoundError(f"no images in {data / 'GTmod12'} (nala-sr prepare mini makes the embedded set)")
     results = {}
     for name in models:
-        engine = None if name == "bicubic" else Upscaler(load_sr_model(name, scale, option)[0], scale, tile=0)
+        engine = None if name == "bicubic" else Upscaler(load_sr_model(name, scale, option)[0], scale, tile=tile)
         per_image = {}
         for gt_path in gt_paths:
             gt, lr = read_pair(gt_path, data / f"LRbicx{scale}" / gt_path.name, scale)
