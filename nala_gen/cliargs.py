@@ -1,14 +1,17 @@
 """Shared by the command-line tools: argument types that check numbers (finite, in range) before any work, and
-one way to end on Ctrl-C or SIGTERM."""
+one way to end on Ctrl-C or SIGTERM, and a quick exit for commands that are done."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
+import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
+from typing import NoReturn
 
 
 def bounded(kind: type, low: float, high: float = math.inf, low_inclusive: bool = True) -> Callable[[str], float]:
@@ -55,3 +58,20 @@ def interruptible(prog: str, main: Callable[[], int]) -> int:
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+def leave(code: int) -> NoReturn:
+    """End the process with ``code`` once a command has finished, skipping the interpreter's teardown.
+
+    With torch imported, Python's finalisation (clearing thousands of modules and their objects) takes about half
+    a second on a 2-core CPU, after the output is already written, and a one-image ``nala-sr upscale`` pays it on
+    every call. The commands that end this way close their files before returning (atomic writes, joined I/O
+    threads), so all that is left to do is to flush the standard streams and the logging handlers.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can reach it
+            pass
+    os._exit(code)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -71,7 +72,9 @@ def enabled() -> bool:
 
 
 def _tracing() -> bool:
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+    # torch.onnx is imported lazily, and importing it costs a tenth of a second: an export has imported it already.
+    onnx = sys.modules.get("torch.onnx")
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or (onnx is not None and onnx.is_in_onnx_export())
 
 
 def eligible(q: Tensor, k: Tensor, v: Tensor, options: dict) -> bool:

@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from nala_gen.cliargs import bounded, interruptible
+from nala_gen.cliargs import bounded, interruptible, leave
 
 
 def _scales(text: str) -> list[int]:
@@ -548,5 +548,18 @@ def main(argv: list[str] | None = None) -> int:
     return interruptible(f"nala-sr {command}", run)
 
 
+# Commands whose process may end without the interpreter's teardown (see cliargs.leave): they write through our
+# own atomic writers only. Training and testing run BasicSR's loggers, which expect a normal exit.
+QUICK_EXIT = ("upscale", "models", "evaluate")
+
+
+def console() -> int:
+    """The ``nala-sr`` entry point: :func:`main`, then a quick exit for the commands in QUICK_EXIT."""
+    code = main()
+    if sys.argv[1:2] and sys.argv[1] in QUICK_EXIT:
+        leave(code)
+    return code
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(console())
