@@ -193,10 +193,15 @@ SHORT_RUN = [
 ]
 
 
-@pytest.mark.parametrize(("arch", "run"), [("NaLaSR", "NaLaSR_light_x4_mini"), ("ESRT", "ESRT_x4_mini")])
-def test_basicsr_train_resume_and_test_on_cpu(mini_root, arch, run):
+@pytest.mark.parametrize(
+    ("arch", "run", "model_type"),
+    [("NaLaSR", "NaLaSR_light_x4_mini", "SRModel"), ("ESRT", "ESRT_x4_mini", "UpscalerSRModel")],
+)
+def test_basicsr_train_resume_and_test_on_cpu(mini_root, arch, run, model_type):
     option = REPO / "options" / "train" / arch / f"train_{run}.yml"
-    log = run_basicsr("train", option, mini_root, *SHORT_RUN, "train:total_iter=4")
+    log = run_basicsr("train", option, mini_root, *SHORT_RUN, f"model_type={model_type}", "train:total_iter=4")
+    assert f"Model [{model_type}] is created." in log
+    assert re.search(r"# psnr: [0-9.]+", log)  # validated at iteration 4
     losses = [float(x) for x in re.findall(r"l_pix: ([0-9.e+-]+)", log)]
     assert len(losses) == 4 and all(np.isfinite(losses)) and losses[-1] < losses[0], losses
     exp = mini_root / "experiments" / run
@@ -217,6 +222,30 @@ def test_basicsr_train_resume_and_test_on_cpu(mini_root, arch, run):
     ssim = float(re.search(r"# ssim: ([0-9.]+)", log).group(1))
     assert 5 < psnr < 60 and 0 < ssim <= 1
     assert len(list((mini_root / "results" / f"test_{run}").rglob("*.png"))) == 2
+
+
+def test_upscaler_sr_model_validates_as_srmodel_does_and_leaves_the_trained_network_alone():
+    import torch
+    from basicsr.models import build_model
+    from basicsr.models.sr_model import SRModel
+
+    network = {"type": "NaLaSR", "upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
+    opt = {"name": "t", "model_type": "UpscalerSRModel", "num_gpu": 0, "is_train": False, "dist": False, "scale": 4}
+    model = build_model({**opt, "network_g": network, "path": {"pretrain_network_g": None}})
+    torch.manual_seed(0)
+    lq = torch.randint(0, 256, (1, 3, 21, 30)).float() / 255  # odd sizes, as read from an 8-bit file
+    model.feed_data({"lq": lq})
+    weights = {k: v.clone() for k, v in model.net_g.state_dict().items()}
+    model.test()
+    ours = model.output
+    SRModel.test(model)
+    theirs = model.output.clamp(0, 1)
+    assert ours.shape == theirs.shape == (1, 3, 84, 120)
+    # 8-bit output (as BasicSR's metrics read it): within half a level, plus the inference graph's rounding
+    assert (ours - theirs).abs().max() <= 0.5 / 255 + 1e-5
+    assert (ours * 255 - (ours * 255).round()).abs().max() < 1e-4
+    for name, value in model.net_g.state_dict().items():
+        assert torch.equal(value, weights[name]) and value.is_contiguous(), name  # not made channels-last
 
 
 def test_evaluate_bicubic_and_a_model(mini_root, tmp_path):

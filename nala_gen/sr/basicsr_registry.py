@@ -1,4 +1,5 @@
-"""NaLaSR and ESRT in BasicSR's ``ARCH_REGISTRY``: importing this module registers them (once).
+"""NaLaSR and ESRT in BasicSR's ``ARCH_REGISTRY``, and :class:`~nala_gen.sr.basicsr_model.UpscalerSRModel` in its
+``MODEL_REGISTRY``: importing this module registers them (once).
 
 The archs themselves need torch only, so the upscaler, the app and other loaders (spandrel, ONNX) never import
 BasicSR or torchvision; the BasicSR entry points (``nala_gen.sr.train`` / ``nala_gen.sr.test``) and code that builds
@@ -9,11 +10,13 @@ tie every import of the archs to BasicSR.
 from . import _compat  # noqa: F401  (must run before anything imports basicsr)
 
 # isort: split
-from basicsr.utils.registry import ARCH_REGISTRY
+from basicsr.utils.registry import ARCH_REGISTRY, MODEL_REGISTRY
 
+from .basicsr_model import UpscalerSRModel
 from .esrt_arch import ESRT
 from .nalasr_arch import NaLaSR
 
-for _arch in (ESRT, NaLaSR):
-    if _arch.__name__ not in ARCH_REGISTRY:  # BasicSR raises on a second registration
-        ARCH_REGISTRY.register(_arch)
+for _registry, _classes in ((ARCH_REGISTRY, (ESRT, NaLaSR)), (MODEL_REGISTRY, (UpscalerSRModel,))):
+    for _cls in _classes:
+        if _cls.__name__ not in _registry:  # BasicSR raises on a second registration
+            _registry.register(_cls)

@@ -1,0 +1,45 @@
+"""``UpscalerSRModel``: BasicSR's ``SRModel`` whose validation pass runs through nala_gen's upscaler.
+
+BasicSR's ``SRModel.test`` runs the network on each whole validation image. That is right for NaLaSR (linear in
+the pixels), but ESRT's softmax attention over a 640x400 LR picture (the photo set's held-out split) asks for
+tens of GB, so a run validating ESRT on real photographs ends at its first validation. Here each validation image
+goes through :class:`~nala_gen.sr.upscaler.Upscaler` with ``tile="auto"``: whole where the pass fits the memory
+budget (NaLaSR, every image of the mini set), otherwise in blended tiles, exactly as ``nala-sr evaluate`` and
+``nala-sr upscale`` score and run the same weights. Training is BasicSR's own. Select it with
+``model_type: UpscalerSRModel`` in an option file (importing :mod:`nala_gen.sr.basicsr_registry` registers it).
+
+The upscaler takes and returns 8-bit pictures, as BasicSR's metrics do (``tensor2img``): the LR tensor, read from
+an 8-bit file, is turned back into its bytes, and the output comes back as bytes / 255, so the scores equal
+``SRModel``'s for a whole-image pass up to the inference graph's float32 rounding.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from . import _compat  # noqa: F401  (must run before anything imports basicsr)
+
+# isort: split
+from basicsr.models.sr_model import SRModel
+
+from .upscaler import Upscaler
+
+
+class UpscalerSRModel(SRModel):
+    """``SRModel`` with a memory-budgeted validation pass (whole image where it fits, blended tiles where not)."""
+
+    def test(self) -> None:
+        """``self.output`` (1, 3, sH, sW) in [0, 1] for ``self.lq`` (1, 3, H, W) in [0, 1], from 8-bit pictures."""
+        net = self.net_g_ema if hasattr(self, "net_g_ema") else self.net_g
+        # A copy: the upscaler puts its network in eval mode and channels-last, which must not reach the
+        # weights being trained (nor their optimiser state).
+        engine = Upscaler(copy.deepcopy(net), self.opt["scale"], device=str(self.device), precision="fp32")
+        outputs = []
+        for lq in self.lq:
+            img = (lq.permute(1, 2, 0).clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
+            out, _ = engine.upscale(np.ascontiguousarray(img))
+            outputs.append(torch.from_numpy(out).permute(2, 0, 1).float().div(255))
+        self.output = torch.stack(outputs).to(self.device)
