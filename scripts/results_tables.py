@@ -471,7 +471,15 @@ def sr_peer_quality_table() -> str:
     variants = {e["variant"]: e for e in data["variants"]}
     photos = data.get("photos")
     on_photos = {e["variant"]: e for e in photos["variants"]} if photos else {}
-    board = {"nalasr": "nala", "esrt": "emha", "srvgg": "srvgg", "edsr": "edsr", "swinir": "swinir", "rrdb": None}
+    board = [
+        ("nalasr", "nala"),
+        ("esrt", "emha"),
+        ("srvgg (BasicSR's init)", "srvgg"),
+        ("srvgg (zero-init last conv)", "srvgg_zero_init"),
+        ("edsr", "edsr"),
+        ("swinir", "swinir"),
+        ("rrdb", None),
+    ]
     photo_note = (
         f" The held-out photos (`{photos['val_data']}`, `nala-bench sr-ablation --photos`: the same trained "
         f"weights; bicubic {photos['bicubic']['psnr']:.2f} / {photos['bicubic']['ssim']:.4f}) are pictures of "
@@ -497,7 +505,8 @@ def sr_peer_quality_table() -> str:
         sd = f" ± {e[prefix + 'psnr_std']:.2f}" if e.get(prefix + "psnr_std") is not None else ""
         return f"{e[prefix + 'psnr']:.2f}{sd} / {e[prefix + 'ssim']:.4f} ({len(e['seeds'])})"
 
-    for network, variant in board.items():
+    for label, variant in board:
+        network = label.split()[0]
         e = variants.get(variant)
         if e is None:
             here = "not trained (speed only)" if variant is None else "not trained yet"
@@ -506,7 +515,7 @@ def sr_peer_quality_table() -> str:
         there = measured(on_photos[variant], "photos_") if variant in on_photos else "–"
         published = PUBLISHED_X4[network]
         lines.append(
-            row(network, here, there, shown(published["set5"]), shown(published["urban100"]), published["source"])
+            row(label, here, there, shown(published["set5"]), shown(published["urban100"]), published["source"])
         )
     return "\n".join(lines)
 

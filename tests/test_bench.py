@@ -135,6 +135,33 @@ def test_sr_ablation_peers_are_basicsr_networks_at_their_published_sizes():
             assert net(torch.rand(1, 3, 32, 32)).shape == (1, 3, 128, 128)
 
 
+def test_srvgg_zero_init_starts_as_its_nearest_neighbour_base_with_a_signal_through_the_stack():
+    import torch
+    import torch.nn.functional as F
+    import yaml
+
+    from nala_gen.bench import sr_ablation
+    from nala_gen.sr.models import build_arch
+
+    base = yaml.safe_load(sr_ablation.BASE_OPTION.read_text())
+    network = dict(sr_ablation.ablation_option(base, "srvgg_zero_init", 1000)["network_g"])
+    torch.manual_seed(0)
+    ours = build_arch(network.pop("type"), network).eval()
+    default = build_arch("SRVGGNetCompact", network).eval()  # BasicSR's own init
+    assert sum(p.numel() for p in ours.parameters()) == 1_213_296  # the same network
+    x = torch.rand(1, 3, 24, 24)
+    base = F.interpolate(x, scale_factor=4, mode="nearest")
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, i, o: seen.append(o.std())) for m in ours.body[:-1]]
+    with torch.no_grad():
+        y, y_default = ours(x), default(x)
+    for h in hooks:
+        h.remove()
+    torch.testing.assert_close(y, base, rtol=0, atol=0)  # it starts as its base: no noise to remove
+    assert (y_default - base).abs().max() > 1e-3  # BasicSR's init starts by adding some
+    assert 0.3 < seen[-1] / seen[1] < 3  # before the last conv, the signal has the size it had after the first
+
+
 def test_sr_ablation_summary_gives_means_spreads_and_two_standard_errors():
     from nala_gen.bench.sr_ablation import summarise
 

@@ -61,6 +61,9 @@ VARIANTS: dict[str, dict] = {
     "no_lepe": {"lepe": False},
     "no_gate": {"gate": False},
     **{name: peer_network(name) for name in PEERS},  # whole networks: the peer board's, trained the same way
+    # SRVGGNetCompact started from its nearest-neighbour base (nala_gen.sr.srvgg_zero_init_arch): with BasicSR's
+    # init it learns nothing at this budget
+    "srvgg_zero_init": {**peer_network("srvgg"), "type": "SRVGGNetCompactZeroInit"},
 }
 DEFAULT_VARIANTS = ("nala", "nala_norm_scale", "emha", "relu", "elu1", "focused", "no_rope", "no_lepe", "no_gate")
 DEFAULT_SEEDS = (0, 1, 2)

@@ -43,7 +43,9 @@ FLOPS_SIZE = (64, 64)
 
 ARCHS = {"nalasr": ("NaLaSR", {}), "esrt": ("ESRT", {}), **PEERS}
 # the sr-ablation variant that trains each network on the equal budget (its PSNR goes on the Pareto plot)
-ABLATION_VARIANT = {"nalasr": "nala", "esrt": "emha", "srvgg": "srvgg", "edsr": "edsr", "swinir": "swinir"}
+# board network -> the sr-ablation variant that gives its quality; SRVGGNetCompact's is the zero-init run (the same
+# network: with BasicSR's init it learns nothing at the equal budget, see nala_gen.sr.srvgg_zero_init_arch)
+ABLATION_VARIANT = {"nalasr": "nala", "esrt": "emha", "srvgg": "srvgg_zero_init", "edsr": "edsr", "swinir": "swinir"}
 
 
 def build(model: str, scale: int = 4) -> torch.nn.Module:
