@@ -116,6 +116,14 @@ def train_one(variant: str, iters: int, root: Path, seed: int = 0) -> dict:
         return _train_and_score(variant, iters, root, seed, name, run_dir, ledger_path)
 
 
+def _checkpoint(run_dir: Path) -> Path:
+    return run_dir / "models" / "net_g_latest.pth"  # BasicSR writes it when training ends
+
+
+def _photos_built(root: Path) -> bool:
+    return (root / PHOTO_VAL / "GTmod12").is_dir()
+
+
 def _write_option(variant, iters, root, seed, name) -> Path:
     option_path = root / "experiments" / f"{name}.yml"
     option_path.parent.mkdir(parents=True, exist_ok=True)
@@ -147,7 +155,7 @@ def _score(data: Path, checkpoint: Path, option_path: Path, tile: int | str = 0)
 
 def _photo_scores(root: Path, checkpoint: Path, option_path: Path) -> dict:
     """``photos_psnr`` and ``photos_ssim`` on the photo set's held-out split, or nothing where it is not built."""
-    if not (root / PHOTO_VAL / "GTmod12").is_dir():
+    if not _photos_built(root):
         return {}
     # Pictures of up to 4 MP out: whole where the job fits the memory, tiled where it does not (ESRT's softmax).
     scores = _score(root / PHOTO_VAL, checkpoint, option_path, tile="auto")
@@ -157,7 +165,7 @@ def _photo_scores(root: Path, checkpoint: Path, option_path: Path) -> dict:
 def _train_and_score(variant, iters, root, seed, name, run_dir, ledger_path) -> dict:
     option_path = _write_option(variant, iters, root, seed, name)
     train_s = _train(option_path, run_dir, name, root)
-    checkpoint = run_dir / "models" / "net_g_latest.pth"  # BasicSR writes it when training ends
+    checkpoint = _checkpoint(run_dir)
     row = {
         "variant": variant,
         "network_g": VARIANTS[variant],
@@ -179,7 +187,7 @@ def add_photo_scores(variant: str, iters: int, root: Path, seed: int = 0) -> dic
     Raises :class:`Busy` when another process holds the run."""
     name = run_name(variant, iters, seed)
     ledger_path = root / LEDGER / f"{name}.json"
-    if not (root / PHOTO_VAL / "GTmod12").is_dir():
+    if not _photos_built(root):
         return json.loads(ledger_path.read_text())
     run_dir = root / "experiments" / name
     with run_lock(root / "experiments" / f"{name}.lock"):
@@ -187,7 +195,7 @@ def add_photo_scores(variant: str, iters: int, root: Path, seed: int = 0) -> dic
         if "photos_psnr" in row:
             return row
         option_path = _write_option(variant, iters, root, seed, name)
-        checkpoint = run_dir / "models" / "net_g_latest.pth"
+        checkpoint = _checkpoint(run_dir)
         if not checkpoint.is_file():
             _train(option_path, run_dir, name, root)
             row["psnr_rerun"] = _score(root / VAL_DATA, checkpoint, option_path)["psnr"]

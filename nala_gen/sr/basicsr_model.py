@@ -31,12 +31,25 @@ from .upscaler import Upscaler
 class UpscalerSRModel(SRModel):
     """``SRModel`` with a memory-budgeted validation pass (whole image where it fits, blended tiles where not)."""
 
-    def test(self) -> None:
-        """``self.output`` (1, 3, sH, sW) in [0, 1] for ``self.lq`` (1, 3, H, W) in [0, 1], from 8-bit pictures."""
+    _engine: Upscaler | None = None  # the validation's, built once per validation run
+
+    def _make_engine(self) -> Upscaler:
         net = self.net_g_ema if hasattr(self, "net_g_ema") else self.net_g
         # A copy: the upscaler puts its network in eval mode and channels-last, which must not reach the
         # weights being trained (nor their optimiser state).
-        engine = Upscaler(copy.deepcopy(net), self.opt["scale"], device=str(self.device), precision="fp32")
+        return Upscaler(copy.deepcopy(net), self.opt["scale"], device=str(self.device), precision="fp32")
+
+    def nondist_validation(self, dataloader, current_iter, tb_logger, save_img) -> None:
+        """BasicSR's validation loop, with one engine (copy, inference graph, memory probes) for all its images."""
+        self._engine = self._make_engine()
+        try:
+            super().nondist_validation(dataloader, current_iter, tb_logger, save_img)
+        finally:
+            self._engine = None
+
+    def test(self) -> None:
+        """``self.output`` (1, 3, sH, sW) in [0, 1] for ``self.lq`` (1, 3, H, W) in [0, 1], from 8-bit pictures."""
+        engine = self._engine or self._make_engine()
         outputs = []
         for lq in self.lq:
             img = (lq.permute(1, 2, 0).clamp(0, 1) * 255).round().to(torch.uint8).cpu().numpy()
