@@ -119,7 +119,8 @@ class ARFB(nn.Module):
         return self.scale_x(x) + self.scale_res(y)
 
 
-def _upsample_to(x: Tensor, hw: Grid) -> Tensor:
+def upsample_to(x: Tensor, hw: Grid) -> Tensor:
+    """ESRT's bilinear upsampling of the HPB's pooled branch (align_corners=True, as published)."""
     return F.interpolate(x, size=hw, mode="bilinear", align_corners=True)
 
 
@@ -145,10 +146,10 @@ class HPB(nn.Module):
         hw = x.shape[-2:]
         feat = self.entry(x)
         low = F.avg_pool2d(feat, 2)
-        high = self.high(feat - _upsample_to(low, hw))  # HFM: the detail the pooled copy loses
+        high = self.high(feat - upsample_to(low, hw))  # HFM: the detail the pooled copy loses
         for _ in range(self.num_shared):
             low = self.low(low)
-        fused = self.attention(self.fuse(torch.cat((_upsample_to(low, hw), high), dim=1)))
+        fused = self.attention(self.fuse(torch.cat((upsample_to(low, hw), high), dim=1)))
         return self.exit(fused) + x
 
 

@@ -37,7 +37,7 @@ from torch import nn
 
 from nala_gen.attention import NaLaAttention, linear_attention, map_to_tokens, tokens_to_map
 
-from .esrt_arch import ESRTLayout
+from .esrt_arch import ESRTLayout, upsample_to
 
 Tensor = torch.Tensor
 
@@ -138,6 +138,14 @@ def _padded_rows(weight: Tensor, multiple: int = 16) -> Tensor:
     return torch.cat([weight, weight.new_zeros(extra, *weight.shape[1:])]) if extra else weight
 
 
+def _pointwise(t: Tensor, hw: tuple[int, int], weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """A Linear on (B, N, K) tokens of an H x W grid, ``weight`` (out, K, 1, 1), as a 1x1 convolution of their
+    channels-last map -> (B, N, out). Why: oneDNN's convolution ran these shapes (tens of thousands of tokens, 100
+    to 400 wide) about twice as fast as the Linear's GEMM on this project's CPUs, and without its bias copy."""
+    b, n, _ = t.shape
+    return F.conv2d(tokens_to_map(t, hw), weight, bias).permute(0, 2, 3, 1).reshape(b, n, -1)
+
+
 class HeadGroupedMix(nn.Module):
     """The NaLa block's ``mix`` (:meth:`~nala_gen.attention.NaLaAttention.mix`) a group of heads at a time.
 
@@ -161,10 +169,10 @@ class HeadGroupedMix(nn.Module):
         rows = torch.arange(self.width, device=weight.device)
         # (groups, 3 * width, C): each group's q, k and v rows, contiguous.
         index = torch.stack([torch.cat([part * c + g * self.width + rows for part in range(3)]) for g in range(groups)])
-        self.register_buffer("qkv_weight", weight[index], persistent=False)
+        self.register_buffer("qkv_weight", weight[index][..., None, None], persistent=False)  # 1x1 conv weights
         self.register_buffer("qkv_bias", bias[index], persistent=False)
         if block.out_norm is not None:
-            self.register_buffer("gate_weight", weight[3 * c :].clone(), persistent=False)
+            self.register_buffer("gate_weight", weight[3 * c :, :, None, None].clone(), persistent=False)
             self.register_buffer("gate_bias", bias[3 * c :].clone(), persistent=False)
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
@@ -178,12 +186,12 @@ class HeadGroupedMix(nn.Module):
         if block.out_norm is None:
             return out
         out = block.out_norm(out)  # before the gate's projection: the unnormalised output is gone by then
-        return out.mul_(F.silu(F.linear(x, self.gate_weight, self.gate_bias), inplace=True))  # the norm's dtype
+        return out.mul_(F.silu(_pointwise(x, hw, self.gate_weight, self.gate_bias), inplace=True))  # the norm's dtype
 
     def _attend(self, x: Tensor, g: int, out: Tensor, hw: tuple[int, int], rope, scale: Tensor | None) -> None:
         """Head group ``g``'s attention and LePE into its channels of ``out``; its temporaries die on return."""
         block, (b, n, _), width, per_group = self.block, x.shape, self.width, self.heads_per_group
-        qkv = F.linear(x, self.qkv_weight[g], self.qkv_bias[g])
+        qkv = _pointwise(x, hw, self.qkv_weight[g], self.qkv_bias[g])
         q, k, v = qkv.unflatten(-1, (3, per_group, width // per_group)).permute(2, 0, 3, 1, 4)
         options = block.kernel_options
         if scale is not None:
@@ -257,18 +265,23 @@ class ComposedTransformer(nn.Module):
             "x_weight_proj": _padded_rows(torch.cat([w_p.T, b_p[None]])).view(-1, channels, 3, 3),
             "x_weight_fc1": _padded_rows(w_1_g).view(-1, channels, 3, 3),
             # Linears on h -> [W_p^T W_p h | sum W_p h | b_p . W_p h], R + 2, and [fc1(g2 W_p h)], M (+ pad)
-            "h_weight_proj": _padded_rows(torch.cat([w_p.T @ w_p, w_p.sum(0, keepdim=True), (b_p @ w_p)[None]])),
-            "h_weight_fc1": _padded_rows(w_1_g @ w_p),
+            "h_weight_proj": _padded_rows(torch.cat([w_p.T @ w_p, w_p.sum(0, keepdim=True), (b_p @ w_p)[None]]))[
+                ..., None, None
+            ],
+            "h_weight_fc1": _padded_rows(w_1_g @ w_p)[..., None, None],
             "reduce_sum": w_r_g.sum(1),
             "reduce_bias": w_r @ f64(et.norm1.bias),
-            "fc1_sum": w_1_g.sum(1),
-            "fc1_inner": w_1_g @ b_p,
-            "fc1_bias": w_1 @ f64(et.norm2.bias) + b_1,
+            # fc1's per-token terms and its second layer's fold padded like x_weight_fc1 (zeros), so the padded
+            # channels of z stay zero and z keeps its full, contiguous width
+            "fc1_sum": _padded_rows(w_1_g.sum(1)),
+            "fc1_inner": _padded_rows(w_1_g @ b_p),
+            "fc1_bias": _padded_rows(w_1 @ f64(et.norm2.bias) + b_1),
             "proj_bias_sum": b_p.sum().view(1),
             "proj_bias_sq": (b_p @ b_p).view(1),
             "fold_h": w_p.T.reshape(self.reduced, channels, 3, 3),  # conv_transpose2d: (in, out, 3, 3)
-            "fold_z": w_2.T.reshape(self.hidden, channels, 3, 3),
+            "fold_z": _padded_rows(w_2.T.reshape(self.hidden, channels, 3, 3)),
             "fold_bias": (b_p + b_2).view(1, channels, 3, 3),
+            "fold_bias_inside": (b_p + b_2).view(channels, 9).sum(1),  # a pixel that all nine windows cover
             "box": torch.ones(1, 1, 3, 3, dtype=torch.float64),
         }
         for name, value in buffers.items():
@@ -277,7 +290,7 @@ class ComposedTransformer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C, H, W) -> (B, C, H, W), the Efficient Transformer's output."""
         b, _, height, width = x.shape
-        n, d, r, m = height * width, self.dim, self.reduced, self.hidden
+        n, d, r = height * width, self.dim, self.reduced
 
         def tokens(t: Tensor) -> Tensor:  # (B, K, H, W) -> (B, N, K); a view for channels-last maps
             return t.permute(0, 2, 3, 1).reshape(b, n, -1)
@@ -290,25 +303,50 @@ class ComposedTransformer(nn.Module):
         sq_t = tokens(F.conv2d(x.square().sum(1, keepdim=True), self.box, padding=1))  # (B, N, 1): sum T^2
         mean_t = sum_t / d
         rstd_t = torch.rsqrt(sq_t / d - mean_t.square() + self.eps1)
-        reduced = (conv[..., :r] - mean_t * self.reduce_sum).mul_(rstd_t).add_(self.reduce_bias)
-        del conv
+        centred = torch.addcmul(conv[..., :r], mean_t, self.reduce_sum, value=-1)  # one pass, no (B, N, R) product
+        reduced = torch.addcmul(self.reduce_bias, centred, rstd_t)
+        del centred, conv
         h = self.mix(reduced, (height, width))  # (B, N, R)
         del reduced
         conv = tokens(F.conv2d(x, self.x_weight_proj, padding=1))  # (B, N, R + 1 + pad)
-        lin = F.linear(h, self.h_weight_proj)  # (B, N, R + 2 + pad)
+        lin = _pointwise(h, (height, width), self.h_weight_proj)  # (B, N, R + 2 + pad)
         mean_a = (sum_t + lin[..., r : r + 1] + self.proj_bias_sum) / d
         t_dot_o = _row_dot(conv[..., :r], h) + conv[..., r : r + 1]
         o_sq = _row_dot(lin[..., :r], h) + 2 * lin[..., r + 1 : r + 2] + self.proj_bias_sq
         del conv, lin
         rstd_a = torch.rsqrt((sq_t + 2 * t_dot_o + o_sq) / d - mean_a.square() + self.eps2)
-        pre = tokens(F.conv2d(x, self.x_weight_fc1, padding=1))[..., :m] + F.linear(h, self.h_weight_fc1)[..., :m]
-        z = pre.add_(self.fc1_inner).sub_(mean_a * self.fc1_sum).mul_(rstd_a).add_(self.fc1_bias).relu_()  # (B, N, M)
+        pre = tokens(F.conv2d(x, self.x_weight_fc1, padding=1)).add_(_pointwise(h, (height, width), self.h_weight_fc1))
+        z = (
+            pre.add_(self.fc1_inner).addcmul_(mean_a, self.fc1_sum, value=-1).mul_(rstd_a).add_(self.fc1_bias).relu_()
+        )  # (B, N, M + pad)
         del pre  # the fold below holds only h and z
-        ones = x.new_ones(1, 1, height, width)
-        out = F.conv_transpose2d(grid(h), self.fold_h, padding=1)
+        out = F.conv_transpose2d(grid(h), self.fold_h, self.fold_bias_inside, padding=1)
         out += F.conv_transpose2d(grid(z), self.fold_z, padding=1)
-        out += F.conv_transpose2d(ones, self.fold_bias, padding=1)
-        return out.addcmul_(x, F.conv_transpose2d(ones, self.box, padding=1))
+        return self._add_fold_edges(out.add_(x, alpha=9), x)
+
+    def _add_fold_edges(self, out: Tensor, x: Tensor) -> Tensor:
+        """``out`` holds the fold's bias and ``count * x`` as at a pixel covered by all nine 3x3 windows; fix the
+        border rows and columns, covered by fewer. The fold of ones is constant inside, so only its edges (read off
+        a fold of at most 3 x 3 ones) are added here, not a whole map of it."""
+        height, width = x.shape[-2:]
+        probe = x.new_ones(1, 1, min(height, 3), min(width, 3))
+        bias = F.conv_transpose2d(probe, self.fold_bias, padding=1)[0] - self.fold_bias_inside.view(-1, 1, 1)
+        count = F.conv_transpose2d(probe, self.box, padding=1)[0, 0] - 9
+        for row, rows in _fold_positions(height):
+            for col, cols in _fold_positions(width):
+                if count[row, col] == 0:  # inside: nothing to fix
+                    continue
+                region = out[..., rows, cols]
+                region.add_(x[..., rows, cols], alpha=float(count[row, col])).add_(bias[:, row, col, None, None])
+        return out
+
+
+def _fold_positions(size: int) -> list[tuple[int, slice]]:
+    """Positions along one side of a 3x3 fold of ``size`` pixels, grouped by how many windows cover them: (index
+    into a fold of ``min(size, 3)`` ones, the positions it stands for)."""
+    if size <= 3:
+        return [(i, slice(i, i + 1)) for i in range(size)]
+    return [(0, slice(0, 1)), (1, slice(1, size - 1)), (2, slice(size - 1, size))]
 
 
 ROW_DOT_CHUNK = 4096  # tokens per step of _row_dot: its product stays a few MB instead of a (B, N, R) tensor
@@ -330,7 +368,7 @@ def _scalar(scale: nn.Module) -> float:
 
 def _scaled_conv(conv: nn.Conv2d, out_scale: Tensor | float = 1.0, in_scale: Tensor | None = None) -> nn.Conv2d:
     """``conv`` changed in place to compute ``out_scale * conv(in_scale * x)`` (scales per channel or scalar); it
-    belongs to the graph's own copy of the body (:func:`_folded_body`), so the network keeps its weights."""
+    belongs to the graph's own copy of the body (:class:`FoldedBody`), so the network keeps its weights."""
     with torch.no_grad():
         conv.weight.mul_(torch.as_tensor(out_scale).reshape(-1, 1, 1, 1))
         if in_scale is not None:
@@ -355,16 +393,37 @@ class FoldedResidualUnit(nn.Module):
 
 
 class FoldedARFB(nn.Module):
-    """ESRT's ARFB with its learned scales folded (see :class:`FoldedResidualUnit`): ``s_x1, s_x2`` into the 1x1
-    fusion's input channels, ``s_res`` into the last conv (``s * ReLU(t) = ReLU(s * t)`` needs ``s >= 0``; a
-    negative one stays a multiplication), ``s_x`` onto the residual add."""
+    """ESRT's ARFB with its learned scales folded and without its concatenation.
+
+    The ARFB fuses ``[s2 * x2, s1 * x1]`` by a bias-free 1x1 conv ``[W_a | W_b]``, and ``x2 = conv2(h) + s * x1`` is
+    its second residual unit (``h`` that unit's hidden map), so the fusion's input is ``(W_a conv2)(h) + (s W_a +
+    W_b) x1`` (scales folded in): one 3x3 conv of ``h`` (``W_a`` composed into ``conv2``: the same size as
+    ``conv2``) plus a 1x1 conv of ``x1`` half the fusion's width. Neither ``x2`` nor the 2C-wide concatenation is
+    made. The channel attention's gate goes into the next conv's weight (batch 1). The first unit is
+    :class:`FoldedResidualUnit`; ``s_res`` goes into the last conv (``s * ReLU(t) = ReLU(s
+    * t)`` needs ``s >= 0``; a negative one stays a multiplication), ``s_x`` onto the residual add.
+    """
 
     def __init__(self, arfb: nn.Module) -> None:
         super().__init__()
         channels = arfb.fuse[0].out_channels
-        self.ru1, self.ru2 = FoldedResidualUnit(arfb.ru1), FoldedResidualUnit(arfb.ru2)
-        branch_scales = torch.cat([arfb.scale_x2.scale.expand(channels), arfb.scale_x1.scale.expand(channels)])
-        self.fuse = nn.Sequential(_scaled_conv(arfb.fuse[0], in_scale=branch_scales.detach()), arfb.fuse[1])
+        self.ru1 = FoldedResidualUnit(arfb.ru1)
+        conv1, act, conv2 = arfb.ru2.body
+        self.ru2_hidden = nn.Sequential(conv1, act)
+        self.padding = conv2.padding
+        like = conv2.weight
+
+        def f64(t: Tensor) -> Tensor:
+            return t.detach().double()
+
+        fuse = f64(arfb.fuse[0].weight)[:, :, 0, 0]  # (C, 2C): [x2 part | x1 part]
+        w_a, w_b = fuse[:, :channels] * _scalar(arfb.scale_x2), fuse[:, channels:] * _scalar(arfb.scale_x1)
+        unit_res = _scalar(arfb.ru2.scale_res)
+        hidden_weight = torch.einsum("om,mikl->oikl", w_a, f64(conv2.weight) * unit_res)
+        hidden_bias = w_a @ (f64(conv2.bias) * unit_res)
+        x1_weight = (_scalar(arfb.ru2.scale_x) * w_a + w_b)[..., None, None]
+        for name, value in (("hidden_weight", hidden_weight), ("hidden_bias", hidden_bias), ("x1_weight", x1_weight)):
+            self.register_buffer(name, value.to(like), persistent=False)
         self.attention = arfb.attention
         scale_res = _scalar(arfb.scale_res)
         folds = scale_res > 0
@@ -373,22 +432,85 @@ class FoldedARFB(nn.Module):
         self.scale_x = _scalar(arfb.scale_x)
 
     def forward(self, x: Tensor) -> Tensor:
+        """x: (B, C, H, W) -> (B, C, H, W)."""
         x1 = self.ru1(x)
-        x2 = self.ru2(x1)
-        y = self.conv(self.attention(self.fuse(torch.cat((x2, x1), dim=1))))
+        fused = F.conv2d(self.ru2_hidden(x1), self.hidden_weight, self.hidden_bias, padding=self.padding)
+        fused = fused.add_(F.conv2d(x1, self.x1_weight)).relu_()
+        del x1
+        gate = self.attention.gate(fused)  # (B, C, 1, 1): the channel attention's per-channel weights
+        if fused.shape[0] == 1:  # they scale the conv's input channels: fold them into its small weight, not the map
+            conv = self.conv[0]
+            y = F.conv2d(fused, conv.weight * gate.view(1, -1, 1, 1), conv.bias, padding=conv.padding).relu_()
+        else:
+            y = self.conv(fused.mul_(gate))
         if self.out_scale is not None:
             y = y * self.out_scale
         return y.add_(x, alpha=self.scale_x)
 
 
-def _folded_body(body: nn.Module) -> nn.Module:
-    """A copy of ESRT's body whose ARFBs are folded and whose transformers are composed."""
-    body = copy.deepcopy(body)
-    for hpb in body.hpbs:
-        for name in ("entry", "low", "high", "exit"):
-            setattr(hpb, name, FoldedARFB(getattr(hpb, name)))
-    body.transformer = nn.Sequential(*(ComposedTransformer(et) for et in body.transformer))
-    return body
+class FoldedHPB(nn.Module):
+    """ESRT's HPB with folded ARFBs (:class:`FoldedARFB`) and without its concatenation: the bias-free 1x1 fusion
+    of ``[up(low), high]`` is ``up(W_a low) + W_b high`` (a 1x1 conv commutes with the per-channel bilinear
+    upsampling), so ``W_a`` runs at the pooled branch's quarter resolution and no 2C-wide map is made."""
+
+    def __init__(self, hpb: nn.Module) -> None:
+        super().__init__()
+        self.entry, self.low, self.high, self.exit = (
+            FoldedARFB(getattr(hpb, n)) for n in ("entry", "low", "high", "exit")
+        )
+        self.num_shared = hpb.num_shared
+        weight = hpb.fuse[0].weight.detach()
+        channels = weight.shape[0]
+        self.register_buffer("low_weight", weight[:, :channels].clone(), persistent=False)
+        self.register_buffer("high_weight", weight[:, channels:].clone(), persistent=False)
+        self.attention = hpb.attention
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (B, C, H, W) -> (B, C, H, W)."""
+        hw = x.shape[-2:]
+        feat = self.entry(x)
+        low = F.avg_pool2d(feat, 2)
+        high = self.high(feat.sub_(upsample_to(low, hw)))  # HFM: the detail the pooled copy loses
+        del feat
+        for _ in range(self.num_shared):
+            low = self.low(low)
+        fused = upsample_to(F.conv2d(low, self.low_weight), hw).add_(F.conv2d(high, self.high_weight)).relu_()
+        return self.exit(self.attention(fused)).add_(x)
+
+
+class FoldedBody(nn.Module):
+    """ESRT's body (:class:`~nala_gen.sr.esrt_arch.ESRTBody`) with folded HPBs, composed transformers and no
+    concatenation: the 3x3 reduction of the HPBs' concatenated outputs is the sum of one 3x3 conv per output,
+    each added as its HPB finishes, so only the running sum and the latest output are held. The learned scales
+    go into the last conv (``s_res``) and onto the residual add (``s_x``).
+
+    Args:
+        body: a trained ESRT body; it is copied (its weights are changed by the folding).
+    """
+
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        body = copy.deepcopy(body)
+        self.hpbs = nn.ModuleList(FoldedHPB(hpb) for hpb in body.hpbs)
+        weight = body.reduce.weight.detach()
+        self.register_buffer("reduce_weight", torch.stack(weight.chunk(len(self.hpbs), dim=1)), persistent=False)
+        self.register_buffer("reduce_bias", body.reduce.bias.detach(), persistent=False)
+        self.padding = body.reduce.padding
+        self.transformer = nn.Sequential(*(ComposedTransformer(et) for et in body.transformer))
+        self.conv = _scaled_conv(body.conv, _scalar(body.scale_res))
+        self.scale_x = _scalar(body.scale_x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x: (B, C, H, W) -> (B, C, H, W)."""
+        feat, merged = x, None
+        for hpb, weight in zip(self.hpbs, self.reduce_weight):
+            feat = hpb(feat)
+            if merged is None:
+                merged = F.conv2d(feat, weight, self.reduce_bias, padding=self.padding)
+            else:
+                merged = merged.add_(F.conv2d(feat, weight, padding=self.padding))
+        del feat
+        return self.conv(self.transformer(merged)).add_(x, alpha=self.scale_x)
 
 
 class ESRTInferenceGraph(nn.Module):
@@ -410,15 +532,16 @@ class ESRTInferenceGraph(nn.Module):
         self.tail = ComposedUpsampler(net.tail, channels, net.upscale)
         if not isinstance(net.skip[-1], nn.ReLU):
             raise TypeError("the skip upsampler is expected to end in a ReLU (ESRT's layout)")
-        self.skip = ComposedUpsampler(nn.Sequential(*list(net.skip)[:-1]), channels, net.upscale)
-        self.body = _folded_body(net.body)
+        # The skip path reads the head's output, itself a 3x3 conv of the image: composed with the head it is one
+        # 7x7 conv of the 3-channel input, about a fifth of the skip's multiply-adds as a 5x5 conv of 32 channels.
+        self.skip = ComposedUpsampler(nn.Sequential(net.head, *list(net.skip)[:-1]), net.head.in_channels, net.upscale)
+        self.body = FoldedBody(net.body)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C_in, H, W) in [0, 1] -> (B, C_out, H * upscale, W * upscale)."""
         if min(x.shape[-2:]) < 2:
             raise ValueError(f"input must be at least 2x2 pixels, got {tuple(x.shape[-2:])}")
-        shallow = self.head(x)
-        out = self.tail(self.reduce(self.body(shallow))).add_(self.skip(shallow).relu_())
+        out = self.tail(self.reduce(self.body(self.head(x)))).add_(self.skip(x).relu_())
         return F.pixel_shuffle(out, self.upscale)
 
 
