@@ -145,3 +145,14 @@ def test_graph_is_faithful_on_the_shipped_weights():
         )
         plain, graph = plain_and_graph(net, x)
         assert (plain - graph).abs().max().item() <= TOL
+
+
+def test_the_graph_moves_to_channels_last_as_the_engine_moves_it():
+    # The engine calls .to(memory_format=channels_last) on what it runs: every buffer of the graph must take it.
+    net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=2, num_heads=4), seed=3)
+    x = torch.rand(1, 3, 19, 22, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        plain = net(x)
+        graph = inference_graph(net).to(memory_format=torch.channels_last)
+        moved = graph(x.contiguous(memory_format=torch.channels_last))
+    assert (plain - moved).abs().max().item() <= TOL

@@ -169,7 +169,8 @@ class HeadGroupedMix(nn.Module):
         rows = torch.arange(self.width, device=weight.device)
         # (groups, 3 * width, C): each group's q, k and v rows, contiguous.
         index = torch.stack([torch.cat([part * c + g * self.width + rows for part in range(3)]) for g in range(groups)])
-        self.register_buffer("qkv_weight", weight[index][..., None, None], persistent=False)  # 1x1 conv weights
+        # 1x1 conv weights, (groups * 3 * width, C, 1, 1): 4-D, so that .to(memory_format=...) takes the graph
+        self.register_buffer("qkv_weight", weight[index.flatten()][..., None, None], persistent=False)
         self.register_buffer("qkv_bias", bias[index], persistent=False)
         if block.out_norm is not None:
             self.register_buffer("gate_weight", weight[3 * c :, :, None, None].clone(), persistent=False)
@@ -181,7 +182,7 @@ class HeadGroupedMix(nn.Module):
         rope = block._rope(hw, x.device)
         scale = None if block.log_norm_scale is None else block.log_norm_scale.exp().view(-1, 1, 1)
         out = torch.empty_like(x)
-        for g in range(self.qkv_weight.shape[0]):
+        for g in range(self.qkv_bias.shape[0]):
             self._attend(x, g, out, hw, rope, scale)
         if block.out_norm is None:
             return out
@@ -191,7 +192,8 @@ class HeadGroupedMix(nn.Module):
     def _attend(self, x: Tensor, g: int, out: Tensor, hw: tuple[int, int], rope, scale: Tensor | None) -> None:
         """Head group ``g``'s attention and LePE into its channels of ``out``; its temporaries die on return."""
         block, (b, n, _), width, per_group = self.block, x.shape, self.width, self.heads_per_group
-        qkv = _pointwise(x, hw, self.qkv_weight[g], self.qkv_bias[g])
+        rows = slice(3 * width * g, 3 * width * (g + 1))
+        qkv = _pointwise(x, hw, self.qkv_weight[rows], self.qkv_bias[g])
         q, k, v = qkv.unflatten(-1, (3, per_group, width // per_group)).permute(2, 0, 3, 1, 4)
         options = block.kernel_options
         if scale is not None:
@@ -493,7 +495,8 @@ class FoldedBody(nn.Module):
         body = copy.deepcopy(body)
         self.hpbs = nn.ModuleList(FoldedHPB(hpb) for hpb in body.hpbs)
         weight = body.reduce.weight.detach()
-        self.register_buffer("reduce_weight", torch.stack(weight.chunk(len(self.hpbs), dim=1)), persistent=False)
+        # (num_block * C, C, 3, 3): HPB i's part is rows i * C to (i + 1) * C (4-D, as .to(memory_format=) needs)
+        self.register_buffer("reduce_weight", torch.cat(weight.chunk(len(self.hpbs), dim=1)), persistent=False)
         self.register_buffer("reduce_bias", body.reduce.bias.detach(), persistent=False)
         self.padding = body.reduce.padding
         self.transformer = nn.Sequential(*(ComposedTransformer(et) for et in body.transformer))
@@ -503,7 +506,7 @@ class FoldedBody(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C, H, W) -> (B, C, H, W)."""
         feat, merged = x, None
-        for hpb, weight in zip(self.hpbs, self.reduce_weight):
+        for hpb, weight in zip(self.hpbs, self.reduce_weight.chunk(len(self.hpbs))):
             feat = hpb(feat)
             if merged is None:
                 merged = F.conv2d(feat, weight, self.reduce_bias, padding=self.padding)
