@@ -7,19 +7,27 @@ Made by :func:`inference_graph` from a trained network in well under a second (n
   its skip upsampler (the same stages, then a bias-free conv and ReLU) are chains of linear maps, so each is one
   convolution of the LR features to ``3 * scale^2`` channels followed by one PixelShuffle (``ReLU`` commutes with
   the shuffle). At x4 the two chains cost about 0.8 MFLOP per LR pixel, three quarters of it at 2x and 4x
-  resolution; as two 5x5 LR convolutions they cost about 0.15 MFLOP and never build a 2x or 4x feature map. The
-  composed kernel is read off the chain itself (its response to unit impulses, in float64), so it is right for
-  any scale and any weights.
+  resolution; as LR convolutions they cost a fraction of that and never build a 2x or 4x feature map. The skip
+  reads the head's output, itself a conv of the image, so the head goes into its chain too (one 7x7 conv of the
+  3 input channels instead of a 5x5 of 32). The composed kernel is read off the chain itself (its response to
+  unit impulses, in float64), so it is right for any scale and any weights.
 * **Borders recomputed.** The chain pads every intermediate map with zeros, the composed convolution only the
   input, so they differ within the composed kernel's radius ``R`` of an edge. Those bands (``R`` LR pixels on each
   side) are computed with the original chain on strips ``2R`` wide and pasted in; inputs too small for that run
   the original chain.
 * **The Efficient Transformer without its 9C-wide tokens** (:class:`ComposedTransformer`): the unfold, both
-  LayerNorms, the reduction, the residual adds and the fold become one 3x3 convolution of the features, one
-  Linear after the attention and two transposed convolutions; the attention itself runs as trained, and the NaLa
+  LayerNorms, the reduction, the residual adds and the fold become 3x3 convolutions of the features, per-token
+  Linears after the attention and two transposed convolutions; the attention itself runs as trained, and the NaLa
   block a group of heads at a time (:class:`HeadGroupedMix`), so its q/k/v are never all held at full width.
-* **Learned scalars folded** (:class:`FoldedARFB`): the ARFBs' learned scales go into their convolutions' weights
-  or onto the residual adds, so no pass multiplies a whole feature map by a scalar.
+  Every per-token Linear runs as a 1x1 convolution of the tokens' channels-last map (oneDNN's kernels, about
+  twice as fast as the GEMM here).
+* **No concatenations, scalars folded** (:class:`FoldedARFB`, :class:`FoldedHPB`, :class:`FoldedBody`): a 1x1
+  fusion of a concatenation is a sum of 1x1 convs of its parts, and a part that is itself ``conv(h) + s * x1``
+  takes the fusion into that conv; the HPB's fusion of the upsampled pooled branch runs before the (linear,
+  per-channel) upsampling, at quarter resolution; the body's reduction of the HPBs' outputs is summed as each
+  HPB finishes. The ARFBs' learned scales go into their convolutions' weights or onto the residual adds, and the
+  channel attention's gate into the next convolution's weight, so no pass copies a map into a wider one or
+  multiplies a whole feature map by a scalar or a per-channel gate.
 
 The graph keeps its own copy of the body (folded weights) and shares the head; :func:`inference_graph` builds it
 again when the network's parameters change. Outputs match the plain forward to float32 rounding (tests hold
