@@ -459,6 +459,13 @@ def upscale_overhead_table() -> str:
             "engine / bare graph (warm; first)", f"{data['engine_over_bare']:.2f}x; {data['first_job_over_bare']:.2f}x"
         ),
     ]
+    if "bare_graph_trimmed_s" in phases:  # older files lack it
+        lines[-1:-1] = [
+            row(
+                "bare forward, inference graph, from a trimmed heap (as a job)", f"{phases['bare_graph_trimmed_s']:.2f}"
+            )
+        ]
+        lines.append(row("engine / bare graph from a trimmed heap (warm)", f"{data['engine_over_bare_trimmed']:.2f}x"))
     return "\n".join(lines)
 
 

@@ -108,6 +108,7 @@ def test_upscale_overhead_bench_splits_a_one_image_run(tmp_path):
     assert list(phases["phases_s"]) == list(PHASES) and all(v >= 0 for v in phases["phases_s"].values())
     assert phases["phases_s"]["import torch"] > 0.05  # the worker imports torch itself, after its clock starts
     assert result["engine_over_bare"] == pytest.approx(phases["warm_job_s"] / phases["bare_graph_s"])
+    assert result["engine_over_bare_trimmed"] == pytest.approx(phases["warm_job_s"] / phases["bare_graph_trimmed_s"])
     assert (tmp_path / "upscale_overhead.png").read_bytes()[:4] == b"\x89PNG"
 
 

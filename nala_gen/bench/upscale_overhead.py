@@ -70,6 +70,17 @@ def phase_worker(model: str, path: str, repeats: int) -> dict:
                 network(x)
                 runs.append(clock() - start)
             bare[name] = statistics.median(runs)
+    # The engine hands its pass's memory back to the OS after each pass (so that its resident memory between jobs is
+    # what it holds), and every pass page-faults its temporaries in again; the same forward run that way, each run
+    # in its own block after the previous one's trim, is the like-for-like figure for a job.
+    runs = []
+    with torch.no_grad():
+        for _ in range(repeats):
+            with reused_large_temporaries():
+                start = clock()
+                engine.model(x)
+                runs.append(clock() - start)
+    bare["graph_trimmed"] = statistics.median(runs)
     return {
         "status": "ok",
         "phases_s": phases,
@@ -77,6 +88,7 @@ def phase_worker(model: str, path: str, repeats: int) -> dict:
         "warm_job_s": statistics.median(warm),
         "bare_graph_s": bare["graph"],
         "bare_plain_s": bare["plain"],
+        "bare_graph_trimmed_s": bare["graph_trimmed"],
         "threads": torch.get_num_threads(),
     }
 
@@ -185,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         "phases": {"phases_s": phases, **summary},
         "engine_over_bare": summary["warm_job_s"] / summary["bare_graph_s"],
         "first_job_over_bare": summary["first_job_s"] / summary["bare_graph_s"],
+        "engine_over_bare_trimmed": summary["warm_job_s"] / summary["bare_graph_trimmed_s"],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / "upscale_overhead"
@@ -197,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"engine warm job {summary['warm_job_s']:.2f} s (first {summary['first_job_s']:.2f} s) vs bare graph "
         f"{summary['bare_graph_s']:.2f} s (plain network {summary['bare_plain_s']:.2f} s): "
-        f"x{result['engine_over_bare']:.2f}"
+        f"x{result['engine_over_bare']:.2f}; bare graph from a trimmed heap {summary['bare_graph_trimmed_s']:.2f} s: "
+        f"x{result['engine_over_bare_trimmed']:.2f}"
     )
     print(f"wrote {stem}.json and .png")
     return 0
