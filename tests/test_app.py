@@ -44,6 +44,20 @@ BROWSER_ARGS = [
 ]
 
 
+# Installs a watcher that sets window.__progressSeen once a progress bar whose label contains the given text is in
+# the page (added, or relabelled), however briefly.
+_WATCH_PROGRESS = """(text) => {
+    window.__progressSeen = false;
+    const seen = () => [...document.querySelectorAll('[role=progressbar]')].some(
+        (e) => (e.getAttribute('aria-label') || '').includes(text));
+    const observer = new MutationObserver(() => {
+        if (seen()) { window.__progressSeen = true; observer.disconnect(); }
+    });
+    const options = {subtree: true, childList: true, attributes: true, attributeFilter: ['aria-label']};
+    observer.observe(document.body, options);
+}"""
+
+
 def make_tiny_weights(folder: Path) -> Path:
     """A random x4 NaLaSR (named ``tiny-nalasr-x4``) and a random pixel-space DiT pipeline (``tiny-dit``)."""
     import torch
@@ -344,8 +358,10 @@ def test_browser_session(app, tmp_path):
             steps = page.locator("#generate-steps input[type=number]")
             steps.fill("200")  # about a second: long enough to see the progress bar move over the steps
             steps.press("Enter")
+            # The bar lives about a second; a poll can miss it on a loaded machine, so record it as it appears.
+            page.evaluate(_WATCH_PROGRESS, "denoising")
             page.locator("#generate-button").click()
-            expect(page.get_by_role("progressbar", name="denoising").first).to_be_visible(timeout=20_000)
+            page.wait_for_function("window.__progressSeen", timeout=60_000)
             page.wait_for_function(_loaded("#generate-output img"), timeout=60_000)
             assert _image_sizes(page, "#generate-output img")[0] == [256, 256]
             expect(page.locator("#generate-readout")).to_contain_text("Latency")
