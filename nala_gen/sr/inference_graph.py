@@ -207,14 +207,15 @@ class HeadGroupedMix(nn.Module):
         if scale is not None:
             options = {**options, "norm_scale": scale[g * per_group : (g + 1) * per_group]}
         attended = linear_attention(q, k, v, kernel=block.kernel, rope=rope, **options)  # (B, h_g, N, d)
-        channels = out[..., g * width : (g + 1) * width]
-        channels.view(b, n, per_group, -1).copy_(attended.transpose(1, 2))
-        del attended
-        if block.lepe is not None:
-            lepe, picked = block.lepe, slice(g * width, (g + 1) * width)
-            v_map = tokens_to_map(v.transpose(1, 2).reshape(b, n, width), hw)
-            local = F.conv2d(v_map, lepe.weight[picked], lepe.bias[picked], padding=lepe.padding, groups=width)
-            channels.add_(map_to_tokens(local))
+        channels = out[..., g * width : (g + 1) * width].view(b, n, per_group, -1)  # (B, N, h_g, d) of out
+        if block.lepe is None:
+            channels.copy_(attended.transpose(1, 2))
+            return
+        lepe, picked = block.lepe, slice(g * width, (g + 1) * width)
+        v_map = tokens_to_map(v.transpose(1, 2).reshape(b, n, width), hw)
+        local = F.conv2d(v_map, lepe.weight[picked], lepe.bias[picked], padding=lepe.padding, groups=width)
+        # attention + LePE written into the group's channels in one pass (not a copy and then an add)
+        torch.add(attended.transpose(1, 2), map_to_tokens(local).reshape(b, n, per_group, -1), out=channels)
 
 
 class ComposedTransformer(nn.Module):
