@@ -64,6 +64,10 @@ def test_sr_ablation_changes_only_the_attention_name_and_budget():
     assert esrt["type"] == "ESRT" and esrt["num_feat"] == base["network_g"]["num_feat"]
     no_lepe = sr_ablation.ablation_option(base, "no_lepe", 1000)["network_g"]
     assert no_lepe == {**base["network_g"], "lepe": False}
+    # SwinIR validates through BasicSR's own model, which pads the inputs to its window (SRModel would crash on
+    # the validation photos' sizes); every other variant keeps the base's model.
+    assert sr_ablation.ablation_option(base, "swinir", 1000)["model_type"] == "SwinIRModel"
+    assert opt["model_type"] == base["model_type"]
 
 
 def test_upscale_throughput_bench_writes_consistent_rows(tmp_path):

@@ -352,3 +352,29 @@ def test_upscaling_imports_neither_basicsr_nor_torchvision(tmp_path, weights):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "[]"
     assert (tmp_path / "in_x4.png").is_file()
+
+
+@pytest.mark.parametrize("size", [(13, 10), (5, 3), (16, 8)])
+def test_a_window_attention_network_takes_any_size(size):
+    # BasicSR's SwinIR needs sides that are multiples of its window: the engine reflect-pads the input and crops the
+    # output back (as SwinIR's own test code does), so any image size upscales to exactly scale x its size.
+    from nala_gen.sr.models import build_arch
+    from nala_gen.sr.upscaler import Upscaler, size_multiple
+
+    torch.manual_seed(0)
+    config = {"upscale": 2, "img_size": 16, "window_size": 4, "embed_dim": 12, "depths": [1], "num_heads": [2],
+              "mlp_ratio": 1, "upsampler": "pixelshuffledirect", "img_range": 1.0}  # fmt: skip
+    net = build_arch("SwinIR", config)
+    assert size_multiple(net) == 4
+    img = np.random.default_rng(1).integers(0, 256, (*size, 3), dtype=np.uint8)
+    out, readout = Upscaler(net, 2, "cpu", tile=0).upscale(img)
+    assert out.shape == (2 * size[0], 2 * size[1], 3)
+    # inside the image, away from the padded edge, the output is the network's on the reflect-padded input
+    h, w = size
+    x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255
+    padded = torch.nn.functional.pad(
+        x, (0, -w % 4, 0, -h % 4), mode="reflect" if max(-h % 4 - h, -w % 4 - w) < 0 else "replicate"
+    )
+    with torch.no_grad():
+        ref = net(padded)[0, :, : 2 * h, : 2 * w].clamp(0, 1).permute(1, 2, 0).numpy()
+    assert np.abs(out.astype(np.float64) - np.round(ref * 255)).max() <= 1

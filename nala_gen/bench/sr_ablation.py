@@ -93,6 +93,8 @@ def ablation_option(base: dict, variant: str, iters: int, seed: int = 0) -> dict
     opt["manual_seed"] = seed
     change = VARIANTS[variant]
     opt["network_g"] = dict(change) if "type" in change else {**opt["network_g"], **change}
+    if opt["network_g"].get("window_size"):  # SwinIR: BasicSR's own model pads its validation inputs to the window
+        opt["model_type"] = "SwinIRModel"
     opt["train"]["total_iter"] = iters
     opt["train"]["scheduler"]["milestones"] = [round(f * iters) for f in MILESTONE_FRACTIONS]
     # A 0.999 EMA over a few hundred iterations is still mostly its random init.
