@@ -38,6 +38,19 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread so that ``finally`` blocks (temporary files) run as for Ctrl-C."""
 
 
+def tile_setting(text: str) -> int | str:
+    """An upscaler's ``--tile``: ``auto``, 0 (whole image) or a tile side in input pixels."""
+    if text == "auto":
+        return text
+    try:
+        tile = int(text)
+    except ValueError:
+        tile = -1
+    if tile < 0:  # the engine checks the smallest useful size
+        raise argparse.ArgumentTypeError("tile must be 'auto', 0 (whole image) or a size in pixels")
+    return tile
+
+
 def _raise_terminated(signum, frame):
     raise Terminated
 

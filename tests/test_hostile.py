@@ -262,6 +262,7 @@ def _benchmark_folder(root: Path, gt_size=(24, 24), lr_size=(6, 6)) -> Path:
         ("size", "GT is 24x24 but its LR x4 is 28x28"),
         ("missing_lr", "is missing"),
         ("json_folder", "Is a directory"),
+        ("bad_tile", "tile must be 'auto', 0 (whole image) or a size in pixels"),
     ],
 )
 def test_evaluate_bad_folders_are_one_line_errors(tmp_path, damage, message):
@@ -275,6 +276,8 @@ def test_evaluate_bad_folders_are_one_line_errors(tmp_path, damage, message):
     if damage == "json_folder":
         (tmp_path / "out.json").mkdir()
         extra = ["--json", str(tmp_path / "out.json")]
+    if damage == "bad_tile":
+        extra = ["--tile", "half"]
     proc = run(
         "nala_gen.sr.cli", "evaluate", "--data", str(data), "--scale", "4", "--models", "bicubic", *extra, cwd=tmp_path
     )

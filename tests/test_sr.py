@@ -263,6 +263,24 @@ def test_evaluate_bicubic_and_a_model(mini_root, tmp_path):
     assert results[str(tmp_path / "tiny.json")]["psnr"] < bicubic["psnr"] - 3
 
 
+def test_evaluate_keeps_to_its_memory_budget(mini_root, tmp_path):
+    """The budget reaches the upscaler: ample, tiled scores match the whole-image ones; too small, a one-line
+    error before any work (the ablation scores the photos with a fixed budget so that two runs fit the host)."""
+    from nala_gen.sr.evaluate import evaluate
+    from nala_gen.sr.models import build_arch
+    from nala_gen.sr.upscaler import MemoryBudgetError
+    from nala_gen.weights import write_weights
+
+    config = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
+    write_weights(build_arch("NaLaSR", config).state_dict(), tmp_path, "tiny", "sr", "NaLaSR", config, {})
+    data, model = mini_root / "datasets" / "mini" / "val", str(tmp_path / "tiny.json")
+    whole = evaluate(data, 4, [model])[model]
+    auto = evaluate(data, 4, [model], tile="auto", memory_budget=2 * 2**30)[model]
+    assert auto["psnr"] == pytest.approx(whole["psnr"], abs=0.05)
+    with pytest.raises(MemoryBudgetError):
+        evaluate(data, 4, [model], tile="auto", memory_budget=2**20)
+
+
 def test_the_deprecated_kernel_names_still_load_with_a_warning(tmp_path):
     """Older option files and cards say attn_type, older NaLaDiT configs attention_type: both still build."""
     import json

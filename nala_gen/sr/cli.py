@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from nala_gen.cliargs import bounded, interruptible, leave
+from nala_gen.cliargs import bounded, interruptible, leave, tile_setting
 
 
 def _scales(text: str) -> list[int]:
@@ -102,18 +102,6 @@ def _basicsr(entry: str, argv: list[str]) -> int:
         from .test import main as run
     run()
     return 0
-
-
-def _tile(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        tile = int(text)
-    except ValueError:
-        tile = -1
-    if tile < 0:  # the engine checks the smallest useful size
-        raise argparse.ArgumentTypeError("tile must be 'auto', 0 (whole image) or a size in pixels")
-    return tile
 
 
 def collect_inputs(specs: list[str]) -> list[Path]:
@@ -203,7 +191,9 @@ def upscale(argv: list[str]) -> int:
     parser.add_argument(
         "--outscale", type=bounded(float, 0, 32, low_inclusive=False), help="final scale, e.g. 3.5 (up to 32)"
     )
-    parser.add_argument("-t", "--tile", type=_tile, default="auto", help="auto (memory budget), 0 (off) or pixels")
+    parser.add_argument(
+        "-t", "--tile", type=tile_setting, default="auto", help="auto (memory budget), 0 (off) or pixels"
+    )
     parser.add_argument(
         "--tile-pad", type=bounded(int, 0, 256), default=16, help="overlap between tiles, input pixels (blended)"
     )

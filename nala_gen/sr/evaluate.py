@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nala_gen.cliargs import bounded, tile_setting
 from nala_gen.fileio import update_json
 
 from . import _compat  # noqa: F401  (before basicsr)
@@ -58,13 +59,20 @@ def read_pair(gt_path: Path, lr_path: Path, scale: int) -> tuple[np.ndarray, np.
 
 
 def evaluate(
-    data: Path, scale: int, models: list[str], option: Path | None = None, tile: int | str = 0
+    data: Path,
+    scale: int,
+    models: list[str],
+    option: Path | None = None,
+    tile: int | str = 0,
+    memory_budget: int | None = None,
 ) -> dict[str, dict]:
     """``{model: {"psnr": mean, "ssim": mean, "per_image": {...}}}`` over the folder's images.
 
     ``models``: ``bicubic``, names, weight paths, or BasicSR ``.pth`` checkpoints described by ``option``.
     ``tile``: the upscaler's (0: each image whole; ``auto``: whole where the job fits the memory budget, tiled
     where it does not, as a quadratic attention needs on large pictures).
+    ``memory_budget``: bytes per job for ``tile="auto"`` (default: half of the host's available memory, which two
+    evaluations side by side would both claim).
     """
     from .models import load_sr_model
     from .upscaler import Upscaler
@@ -74,7 +82,11 @@ def evaluate(
         raise FileNotFoundError(f"no images in {data / 'GTmod12'} (nala-sr prepare mini makes the embedded set)")
     results = {}
     for name in models:
-        engine = None if name == "bicubic" else Upscaler(load_sr_model(name, scale, option)[0], scale, tile=tile)
+        engine = (
+            None
+            if name == "bicubic"
+            else Upscaler(load_sr_model(name, scale, option)[0], scale, tile=tile, memory_budget=memory_budget)
+        )
         per_image = {}
         for gt_path in gt_paths:
             gt, lr = read_pair(gt_path, data / f"LRbicx{scale}" / gt_path.name, scale)
@@ -93,9 +105,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=Path("datasets/mini/val"))
     parser.add_argument("--scale", type=int, default=4)
     parser.add_argument("--models", nargs="+", default=["bicubic"])
+    parser.add_argument("--opt", type=Path, help="BasicSR option file describing .pth checkpoints' network")
+    parser.add_argument(
+        "-t", "--tile", type=tile_setting, default=0, help="0 (each image whole; default), auto or pixels"
+    )
+    parser.add_argument(
+        "--memory-budget-mb", type=bounded(float, 1), help="memory per job for --tile auto (default: half of free)"
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    results = evaluate(args.data, args.scale, args.models)
+    budget = int(args.memory_budget_mb * 2**20) if args.memory_budget_mb else None
+    results = evaluate(args.data, args.scale, args.models, args.opt, args.tile, budget)
     print(f"| x{args.scale} on {args.data} | PSNR (Y) | SSIM (Y) |\n|---|---|---|")
     for name, r in results.items():
         print(f"| {name} | {r['psnr']:.2f} | {r['ssim']:.4f} |")
