@@ -208,18 +208,18 @@ def upscale_table() -> str:
         f"median of {data['repeats']} runs after a warm-up, fresh process per point; input: {data['input']}; "
         f"`--tile auto` with a {data['memory_budget_mb']:.0f} MiB budget.",
         "",
-        "| model | runtime | tiles | LR in | MP out | latency | output MP/s | peak memory | passes (tile) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | runtime | tiles | LR in | MP out | latency | output MP/s | peak memory | passes (tile) | run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         size = f"{r['lr_side']}x{r['lr_side']}"
-        engine = r.get("engine", "torch")
+        engine, run = r.get("engine", "torch"), r.get("run", "earlier run")
         if r["status"] != "ok":
-            lines.append(row(r["model"], engine, r["tile"], size, "", r["status"], "", "", ""))
+            lines.append(row(r["model"], engine, r["tile"], size, "", r["status"], "", "", "", run))
             continue
         mp, latency, rate = f"{r['output_megapixels']:.2f}", f"{r['latency_s']:.2f} s", f"{r['megapixels_per_s']:.3f}"
         peak, passes = f"{r['peak_extra_bytes'] / 2**20:,.0f} MiB", f"{r['tiles']} ({r['tile_size'] or 'whole'})"
-        lines.append(row(r["model"], engine, r["tile"], size, mp, latency, rate, peak, passes))
+        lines.append(row(r["model"], engine, r["tile"], size, mp, latency, rate, peak, passes, run))
     return "\n".join(lines)
 
 

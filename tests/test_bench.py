@@ -98,6 +98,24 @@ def test_upscale_throughput_bench_writes_consistent_rows(tmp_path):
     assert (tmp_path / "upscale_throughput.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_upscale_throughput_keeps_the_rows_it_does_not_rerun():
+    from nala_gen.bench.upscale_throughput import merged_rows
+
+    def r(model, engine, side, run):
+        return {"model": model, "engine": engine, "tile": "auto", "lr_side": side, "run": run}
+
+    previous = [r("nalasr-light-x4", "torch", 1, "old"), r("nalasr-light-x4", "onnxruntime", 1, "old")]
+    previous += [{k: v for k, v in r("esrt-x4", "torch", 1, "").items() if k != "run"}]
+    new = [r("nalasr-light-x4", "torch", 1, "new"), r("nalasr-light-x4", "torch", 2, "new")]
+    merged = merged_rows(previous, new)
+    assert [(m["model"], m["engine"], m["lr_side"], m["run"]) for m in merged] == [
+        ("nalasr-light-x4", "torch", 1, "new"),
+        ("nalasr-light-x4", "torch", 2, "new"),
+        ("nalasr-light-x4", "onnxruntime", 1, "old"),
+        ("esrt-x4", "torch", 1, "earlier run"),
+    ]
+
+
 def test_upscale_overhead_bench_splits_a_one_image_run(tmp_path):
     pytest.importorskip("matplotlib")
     from nala_gen.bench import upscale_overhead

@@ -6,6 +6,9 @@ it reports the median latency (the readout ``nala-sr upscale --json`` prints), t
 largest peak memory of the timed calls. ``--tile auto`` uses a fixed ``--memory-budget-mb`` (not the free
 memory of the moment) so the tiling, and with it the figure, is the same on every run.
 
+``--keep-others`` reruns only the ``--models`` x ``--engines`` given and keeps the other rows of the existing JSON;
+every row says which run measured it.
+
 ``--engines torch_eager`` runs NaLaSR with the fused NaLa op switched off (``NALA_GEN_FUSED=0``): the
 before/after of that op on the whole job. With ``--engines torch onnxruntime`` each NaLaSR point also runs through
 onnxruntime: the network exported once (``nala-sr export-onnx``, not timed) and driven by the same engine (tiles,
@@ -13,7 +16,7 @@ blending), so the two runtimes are compared side by side on the same job. ESRT d
 :mod:`nala_gen.sr.onnx_export`).
 
     nala-bench upscale [--models nalasr-light-x4 esrt-x4] [--sides 125 250 500] [--tiles auto 128]
-                       [--engines torch torch_eager onnxruntime]
+                       [--engines torch torch_eager onnxruntime] [--keep-others]
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from nala_gen.bench.common import limit_memory, machine_info, run_worker, write_cost_results
@@ -93,6 +97,20 @@ def onnx_file(model: str, folder: str) -> str | None:
     return path
 
 
+def merged_rows(previous: list[dict], rows: list[dict]) -> list[dict]:
+    """The new rows, then the previous rows of (model, engine) pairs not rerun (marked "earlier run" where they
+    predate run stamps), in the order of MODELS and ENGINES."""
+    rerun = {(r["model"], r["engine"]) for r in rows}
+    kept = [{"run": "earlier run", **r} for r in previous if (r["model"], r.get("engine", "torch")) not in rerun]
+    models = {m: i for i, m in enumerate(MODELS)}
+
+    def order(r: dict) -> tuple:
+        return models.get(r["model"], len(MODELS)), r["model"], ENGINES.index(r.get("engine", "torch"))
+
+    # sorted() is stable: each pair's rows keep their tile/side order
+    return sorted([*rows, *kept], key=order)
+
+
 def point(args, model: str, engine: str, onnx: str | None, tile: str, side: int, limit: int) -> dict:
     """One fresh worker process: (model, engine, tile, side) -> its row."""
     worker_args = ["--worker", model, str(side), tile, "--repeats", str(args.repeats)]
@@ -101,7 +119,7 @@ def point(args, model: str, engine: str, onnx: str | None, tile: str, side: int,
     env = {"NALA_GEN_FUSED": "0" if engine == "torch_eager" else "1"}
     result = run_worker("nala_gen.bench.upscale_throughput", worker_args, env, timeout=args.timeout)
     series = f"{model}, tile {tile}" + (f", {engine}" if engine != "torch" else "")
-    row = {"model": model, "engine": engine, "tile": tile, "series": series, "lr_side": side}
+    row = {"model": model, "engine": engine, "tile": tile, "series": series, "lr_side": side, "run": args.run}
     row.update({"tokens": side * side, "limit_bytes": limit, **result})
     shown = (
         f"{row['output_megapixels']:5.2f} MP out in {row['latency_s']:6.2f} s = "
@@ -132,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         choices=ENGINES,
         help="runtimes of the network (torch_eager: torch with the fused NaLa op off, i.e. before it)",
     )
+    parser.add_argument(
+        "--keep-others",
+        action="store_true",
+        help="rerun only --models x --engines and keep the other rows of the existing upscale_throughput.json",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SIDE", "TILE"), help=argparse.SUPPRESS)
     parser.add_argument("--onnx", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -143,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
 
+    args.run = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = []
     with tempfile.TemporaryDirectory() as onnx_dir:
         runs = [
@@ -157,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
                 for side in args.sides:
                     rows.append(point(args, model, engine, onnx, tile, side, limit))
 
+    stem = "upscale_throughput" + ("" if args.device == "cpu" else f"_{args.device.split(':')[0]}")
+    previous = args.out / f"{stem}.json"
+    if args.keep_others and previous.is_file():
+        rows = merged_rows(json.loads(previous.read_text())["rows"], rows)
     machine = machine_info(args.device)
     result = {
         "machine": machine,
@@ -164,9 +192,9 @@ def main(argv: list[str] | None = None) -> int:
         "input": "assets/chelsea_lr_x4.png resized (Pillow bicubic) to each LR side",
         "repeats": args.repeats,
         "memory_budget_mb": args.memory_budget_mb,
+        "run": args.run,
         "rows": rows,
     }
-    stem = "upscale_throughput" + ("" if args.device == "cpu" else f"_{args.device.split(':')[0]}")
     where = "this CPU" if args.device == "cpu" else machine["device_name"]
     write_cost_results(
         args.out,
