@@ -248,6 +248,21 @@ def test_upscaler_sr_model_validates_as_srmodel_does_and_leaves_the_trained_netw
         assert torch.equal(value, weights[name]) and value.is_contiguous(), name  # not made channels-last
 
 
+def test_upscaler_sr_model_validates_within_the_option_files_budget():
+    """``val: memory_budget_mb`` fixes the validation's budget: two trainings validating at once must not each
+    take half of what is free."""
+    import yaml
+    from basicsr.models import build_model
+
+    network = {"type": "NaLaSR", "upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
+    opt = {"name": "t", "model_type": "UpscalerSRModel", "num_gpu": 0, "is_train": False, "dist": False, "scale": 4}
+    opt.update(network_g=network, path={"pretrain_network_g": None})
+    assert build_model(opt)._make_engine().memory_budget is None  # default: the host's free memory at each job
+    assert build_model({**opt, "val": {"memory_budget_mb": 64}})._make_engine().budget() == 64 * 2**20
+    for option in ("ESRT/train_ESRT_x4_photos", "NaLaSR/train_NaLaSR_light_x4_photos"):
+        assert yaml.safe_load((REPO / "options" / "train" / f"{option}.yml").read_text())["val"]["memory_budget_mb"]
+
+
 def test_evaluate_bicubic_and_a_model(mini_root, tmp_path):
     from nala_gen.sr.evaluate import evaluate
     from nala_gen.sr.models import build_arch

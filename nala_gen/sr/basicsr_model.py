@@ -7,6 +7,8 @@ goes through :class:`~nala_gen.sr.upscaler.Upscaler` with ``tile="auto"``: whole
 budget (NaLaSR, every image of the mini set), otherwise in blended tiles, exactly as ``nala-sr evaluate`` and
 ``nala-sr upscale`` score and run the same weights. Training is BasicSR's own. Select it with
 ``model_type: UpscalerSRModel`` in an option file (importing :mod:`nala_gen.sr.basicsr_registry` registers it).
+``val: memory_budget_mb`` fixes the validation's budget (default: half of the host's available memory, which two
+runs validating at the same time would each claim).
 
 The upscaler takes and returns 8-bit pictures, as BasicSR's metrics do (``tensor2img``): the LR tensor, read from
 an 8-bit file, is turned back into its bytes, and the output comes back as bytes / 255, so the scores equal
@@ -37,7 +39,11 @@ class UpscalerSRModel(SRModel):
         net = self.net_g_ema if hasattr(self, "net_g_ema") else self.net_g
         # A copy: the upscaler puts its network in eval mode and channels-last, which must not reach the
         # weights being trained (nor their optimiser state).
-        return Upscaler(copy.deepcopy(net), self.opt["scale"], device=str(self.device), precision="fp32")
+        budget_mb = (self.opt.get("val") or {}).get("memory_budget_mb")
+        budget = int(float(budget_mb) * 2**20) if budget_mb else None
+        return Upscaler(
+            copy.deepcopy(net), self.opt["scale"], device=str(self.device), precision="fp32", memory_budget=budget
+        )
 
     def nondist_validation(self, dataloader, current_iter, tb_logger, save_img) -> None:
         """BasicSR's validation loop, with one engine (copy, inference graph, memory probes) for all its images."""
