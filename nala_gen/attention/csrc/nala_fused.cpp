@@ -265,9 +265,13 @@ std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, 
   const int64_t state = (int64_t)F * DVp + F;
   at::Tensor partial = at::zeros({P.BH * groups, state + 1}, q.options());
   float* partial_p = partial.data_ptr<float>();
+  // Items run head-fastest: the heads of one token range are taken one after another (and by the threads side by
+  // side), so a token's row of q, k and v (one per head, interleaved in the caller's projection output) is read
+  // from memory once for all heads, not once per head. Which tiles an item sums, and the order of the reduction,
+  // do not depend on this order.
   for_each_item(P.BH * groups, Dp, DVp, [&](int64_t item, Scratch& s) {
-    const int64_t bh = item / groups, g = item % groups;
-    float* kv = partial_p + item * (state + 1);
+    const int64_t bh = item % P.BH, g = item / P.BH;
+    float* kv = partial_p + (bh * groups + g) * (state + 1);
     float* z = kv + (int64_t)F * DVp;
     float* key_max = z + F;
     for (int64_t tile = g * k_tiles / groups; tile < (g + 1) * k_tiles / groups; ++tile) {
@@ -291,8 +295,8 @@ std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, 
   float* den_p = den.data_ptr<float>();
   const float* state_p = kv_state.data_ptr<float>();
   const int64_t q_tiles = (P.Nq + kTile - 1) / kTile;
-  for_each_item(P.BH * q_tiles, Dp, DVp, [&](int64_t item, Scratch& s) {
-    const int64_t bh = item / q_tiles, t0 = (item % q_tiles) * kTile;
+  for_each_item(P.BH * q_tiles, Dp, DVp, [&](int64_t item, Scratch& s) {  // head-fastest, as the key pass
+    const int64_t bh = item % P.BH, t0 = (item / P.BH) * kTile;
     const int n = (int)std::min<int64_t>(kTile, P.Nq - t0), rows = round4(n);
     const float* kv = state_p + bh * state;
     const float* z = kv + (int64_t)F * DVp;
@@ -345,11 +349,11 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_in, const at::Tensor& q_
   const int64_t partial_size = state_size + 1;
   at::Tensor partial = at::zeros({P.BH * groups, partial_size}, q.options());
   float* partial_p = partial.data_ptr<float>();
-  for_each_item(P.BH * groups, Dp, DVp, [&](int64_t item, Scratch& s) {
-    const int64_t bh = item / groups, g = item % groups;
+  for_each_item(P.BH * groups, Dp, DVp, [&](int64_t item, Scratch& s) {  // head-fastest, as in forward
+    const int64_t bh = item % P.BH, g = item / P.BH;
     const float* kv = state_p + bh * state_size;
     const float* z = kv + (int64_t)F * DVp;
-    float* gkv = partial_p + item * partial_size;
+    float* gkv = partial_p + (bh * groups + g) * partial_size;
     float* gz = gkv + (int64_t)F * DVp;
     float* ggamma = gz + F;
     const float gamma_h = P.gamma[bh % P.heads];
@@ -390,7 +394,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_in, const at::Tensor& q_
   // Key pass: dk and dv, tile by tile.
   const int64_t k_tiles = (P.Nk + kTile - 1) / kTile;
   for_each_item(P.BH * k_tiles, Dp, DVp, [&](int64_t item, Scratch& s) {
-    const int64_t bh = item / k_tiles, t0 = (item % k_tiles) * kTile;
+    const int64_t bh = item % P.BH, t0 = (item / P.BH) * kTile;
     const int n = (int)std::min<int64_t>(kTile, P.Nk - t0), rows = round4(n);
     const float* gkv = reduced_p + bh * (state_size + 1);
     const float* gz = gkv + (int64_t)F * DVp;
