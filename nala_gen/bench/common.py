@@ -12,7 +12,20 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+
+def run_stamp() -> str:
+    """When a benchmark run started, as its rows record it (``--keep-others`` mixes rows of several runs)."""
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+
+
+def rows_not_rerun(previous: list[dict], rows: list[dict], key) -> list[dict]:
+    """The rows of ``previous`` whose ``key(row)`` no new row has, each marked with its run ("earlier run" for
+    rows from before runs were recorded)."""
+    rerun = {key(r) for r in rows}
+    return [{"run": "earlier run", **r} for r in previous if key(r) not in rerun]
 
 
 def limit_memory(max_bytes: int) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from nala_gen.bench.common import limit_memory, machine_info, run_worker, write_cost_results
+from nala_gen.bench.common import limit_memory, machine_info, rows_not_rerun, run_stamp, run_worker, write_cost_results
 from nala_gen.profiling import PeakMemory
 from nala_gen.sr.peers import PEERS, peer_network
 
@@ -337,8 +337,8 @@ def plot_pareto(rows: list[dict], psnr: dict, path: Path) -> None:
 def kept_rows(previous: dict, rows: list[dict], costs: dict) -> tuple[list[dict], dict]:
     """The new rows with the previous board's rows of the networks not rerun (marked with their own run, or
     "earlier run" for files from before runs were recorded), in board order; and the costs of all of them."""
+    kept = rows_not_rerun(previous.get("rows", []), rows, lambda r: r["model"])
     rerun = {r["model"] for r in rows}
-    kept = [{"run": "earlier run", **r} for r in previous.get("rows", []) if r["model"] not in rerun]
     order = list(ARCHS)
     rank = {model: i for i, model in enumerate(order)}
     merged = sorted([*rows, *kept], key=lambda r: (r["lr_side"], rank.get(r["model"], len(order))))
@@ -413,7 +413,7 @@ def peers_main(argv: list[str] | None = None) -> int:
     for model in args.models:
         net = build(model)
         costs[model] = {"arch": ARCHS[model][0], "params": sum(p.numel() for p in net.parameters())}
-    run = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    run = run_stamp()
     rows = []
     for side in args.sides:
         for model in args.models:

@@ -26,10 +26,16 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-from nala_gen.bench.common import limit_memory, machine_info, run_worker, write_cost_results
+from nala_gen.bench.common import (
+    limit_memory,
+    machine_info,
+    rows_not_rerun,
+    run_stamp,
+    run_worker,
+    write_cost_results,
+)
 
 MODELS = ("nalasr-light-x4", "esrt-x4")
 SIDES = (125, 250, 500)  # LR sides: 0.25, 1 and 4 megapixels out at x4
@@ -100,8 +106,7 @@ def onnx_file(model: str, folder: str) -> str | None:
 def merged_rows(previous: list[dict], rows: list[dict]) -> list[dict]:
     """The new rows, then the previous rows of (model, engine) pairs not rerun (marked "earlier run" where they
     predate run stamps), in the order of MODELS and ENGINES."""
-    rerun = {(r["model"], r["engine"]) for r in rows}
-    kept = [{"run": "earlier run", **r} for r in previous if (r["model"], r.get("engine", "torch")) not in rerun]
+    kept = rows_not_rerun(previous, rows, lambda r: (r["model"], r.get("engine", "torch")))
     models = {m: i for i, m in enumerate(MODELS)}
 
     def order(r: dict) -> tuple:
@@ -166,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
 
-    args.run = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    args.run = run_stamp()
     rows = []
     with tempfile.TemporaryDirectory() as onnx_dir:
         runs = [

@@ -27,7 +27,7 @@ from . import _compat  # noqa: F401  (must run before anything imports basicsr)
 # isort: split
 from basicsr.models.sr_model import SRModel
 
-from .upscaler import Upscaler
+from .upscaler import Upscaler, budget_bytes
 
 
 class UpscalerSRModel(SRModel):
@@ -39,8 +39,7 @@ class UpscalerSRModel(SRModel):
         net = self.net_g_ema if hasattr(self, "net_g_ema") else self.net_g
         # A copy: the upscaler puts its network in eval mode and channels-last, which must not reach the
         # weights being trained (nor their optimiser state).
-        budget_mb = (self.opt.get("val") or {}).get("memory_budget_mb")
-        budget = int(float(budget_mb) * 2**20) if budget_mb else None
+        budget = budget_bytes((self.opt.get("val") or {}).get("memory_budget_mb"))
         return Upscaler(
             copy.deepcopy(net), self.opt["scale"], device=str(self.device), precision="fp32", memory_budget=budget
         )

@@ -256,12 +256,12 @@ def upscale(argv: list[str]) -> int:
 
     from .folder_job import FolderJob
     from .models import load_sr_model
-    from .upscaler import Upscaler
+    from .upscaler import Upscaler, budget_bytes
 
     try:
         pick_device(args.device)  # a device this machine lacks is refused before the model loads
         model, info = load_sr_model(args.model, args.scale, args.opt)
-        budget = int(args.memory_budget_mb * 2**20) if args.memory_budget_mb else None
+        budget = budget_bytes(args.memory_budget_mb)
         engine = Upscaler(
             model, args.scale, args.device, args.precision, args.tile, args.tile_pad, args.alpha, budget, args.batch
         )

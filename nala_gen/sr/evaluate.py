@@ -114,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    budget = int(args.memory_budget_mb * 2**20) if args.memory_budget_mb else None
-    results = evaluate(args.data, args.scale, args.models, args.opt, args.tile, budget)
+    from .upscaler import budget_bytes
+
+    results = evaluate(args.data, args.scale, args.models, args.opt, args.tile, budget_bytes(args.memory_budget_mb))
     print(f"| x{args.scale} on {args.data} | PSNR (Y) | SSIM (Y) |\n|---|---|---|")
     for name, r in results.items():
         print(f"| {name} | {r['psnr']:.2f} | {r['ssim']:.4f} |")

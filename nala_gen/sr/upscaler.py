@@ -135,6 +135,11 @@ def pick_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
+def budget_bytes(megabytes: float | None) -> int | None:
+    """A memory budget given in MiB (an option or a ``--memory-budget-mb``) in bytes; None (unset) stays None."""
+    return int(float(megabytes) * 2**20) if megabytes else None
+
+
 def available_memory(device: torch.device) -> int:
     """Bytes free for one upscale: most of the GPU's free memory, or half of the host's available memory."""
     if device.type == "cuda":
