@@ -63,15 +63,22 @@ bench: $(STAMP)
 		--json benchmarks/results/sr_quality.json
 	$(BIN)/nala-sr evaluate --data datasets/mini/val --scale 2 --models bicubic nalasr-light-x2 \
 		--json benchmarks/results/sr_quality.json
+	test -d datasets/photos || $(BIN)/nala-sr prepare photos --install
+	$(BIN)/nala-sr evaluate --data datasets/photos/val --scale 4 --models bicubic esrt-x4 nalasr-light-x4 \
+		--tile auto --memory-budget-mb 4096 --json benchmarks/results/sr_quality_photos.json
+	$(BIN)/nala-sr evaluate --data datasets/photos/val --scale 2 --models bicubic nalasr-light-x2 \
+		--tile auto --memory-budget-mb 4096 --json benchmarks/results/sr_quality_photos.json
 	for m in $(DIGITS_MODELS); do \
 		$(BIN)/nala-gen quality -m $$m --per-class 100 --cfg 2 --json benchmarks/results/digits_quality.json || exit 1; done
 	$(BIN)/python scripts/results_tables.py
 
 # The shipped SR weights: CPU trainings on the embedded set (x4 in two stages; resumable), then export and evaluation.
 SR_RUNS := NaLaSR/train_NaLaSR_light_x4_mini NaLaSR/train_NaLaSR_light_x4_mini_ft ESRT/train_ESRT_x4_mini \
-	ESRT/train_ESRT_x4_mini_ft NaLaSR/train_NaLaSR_light_x2_mini
+	ESRT/train_ESRT_x4_mini_ft NaLaSR/train_NaLaSR_light_x2_mini \
+	NaLaSR/train_NaLaSR_light_x4_photos_ft ESRT/train_ESRT_x4_photos_ft
 weights-sr: $(STAMP)
 	test -d datasets/mini || $(BIN)/nala-sr prepare mini
+	test -d datasets/photos || $(BIN)/nala-sr prepare photos --install  # Debian's wallpaper packages (root)
 	for run in $(SR_RUNS); do $(BIN)/python -m nala_gen.sr.train -opt options/train/$$run.yml --auto_resume || exit 1; done
 	PATH=$(BIN):$$PATH $(BIN)/python scripts/ship_sr_weights.py
 

@@ -251,8 +251,8 @@ def upscale_memory_table() -> str:
     return "\n".join(lines)
 
 
-def sr_quality_table() -> str:
-    data = json.loads((RESULTS / "sr_quality.json").read_text())
+def sr_quality_table(name: str = "sr_quality.json") -> str:
+    data = json.loads((RESULTS / name).read_text())
     lines = ["| scale | model | PSNR (Y) | SSIM (Y) |", "|---|---|---|---|"]
     for scale, block in data.items():
         for name, r in block.items():
@@ -555,6 +555,7 @@ TABLES = {
     "step timing": step_timing_table,
     "sr cost": sr_cost_table,
     "sr quality": sr_quality_table,
+    "sr quality photos": lambda: sr_quality_table("sr_quality_photos.json"),
     "upscale throughput": upscale_table,
     "upscale memory": upscale_memory_table,
     "upscale folder": upscale_folder_table,

@@ -259,8 +259,32 @@ def test_upscaler_sr_model_validates_within_the_option_files_budget():
     opt.update(network_g=network, path={"pretrain_network_g": None})
     assert build_model(opt)._make_engine().memory_budget is None  # default: the host's free memory at each job
     assert build_model({**opt, "val": {"memory_budget_mb": 64}})._make_engine().budget() == 64 * 2**20
-    for option in ("ESRT/train_ESRT_x4_photos", "NaLaSR/train_NaLaSR_light_x4_photos"):
-        assert yaml.safe_load((REPO / "options" / "train" / f"{option}.yml").read_text())["val"]["memory_budget_mb"]
+    for stem in ("ESRT/train_ESRT_x4_photos", "NaLaSR/train_NaLaSR_light_x4_photos"):
+        for option in (stem, stem + "_ft"):
+            assert yaml.safe_load((REPO / "options" / "train" / f"{option}.yml").read_text())["val"]["memory_budget_mb"]
+
+
+@pytest.mark.parametrize("stage", ["mini", "mini_ft", "photos", "photos_ft"])
+def test_nalasr_and_esrt_train_alike_at_every_stage(stage):
+    """The shipped x4 pair is compared at an equal budget: each stage's options differ only in the network, the
+    run's name and the checkpoint it starts from."""
+    import yaml
+
+    nalasr, esrt = (
+        yaml.safe_load((REPO / "options" / "train" / f"{arch}_x4_{stage}.yml").read_text())
+        for arch in ("NaLaSR/train_NaLaSR_light", "ESRT/train_ESRT")
+    )
+    assert (nalasr["network_g"]["type"], esrt["network_g"]["type"]) == ("NaLaSR", "ESRT")
+    assert nalasr["path"].get("pretrain_network_g") == (
+        None
+        if esrt["path"].get("pretrain_network_g") is None
+        else esrt["path"]["pretrain_network_g"].replace("ESRT_x4", "NaLaSR_light_x4")
+    )
+    for opt in (nalasr, esrt):
+        for key in ("name", "network_g"):
+            del opt[key]
+        opt["path"].pop("pretrain_network_g", None)
+    assert nalasr == esrt
 
 
 def test_evaluate_bicubic_and_a_model(mini_root, tmp_path):
