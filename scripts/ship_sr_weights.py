@@ -28,7 +28,8 @@ STAGE_2 = (
 )
 STAGE_3 = (
     "; stage 3 ran beside the other x4 network's stage 3, one thread each, from stage 2's EMA weights (restored "
-    "from the card's safetensors: stage 2 had trained in another checkout)"
+    "from the card's safetensors: stage 2 had trained in another checkout), with an EDSR ablation run beside them "
+    "for about 25 of its minutes"
 )
 RUN_NOTES = {
     "nalasr-light-x4": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
