@@ -251,8 +251,8 @@ def upscale_memory_table() -> str:
     return "\n".join(lines)
 
 
-def sr_quality_table(name: str = "sr_quality.json") -> str:
-    data = json.loads((RESULTS / name).read_text())
+def sr_quality_table(file: str = "sr_quality.json") -> str:
+    data = json.loads((RESULTS / file).read_text())
     lines = ["| scale | model | PSNR (Y) | SSIM (Y) |", "|---|---|---|---|"]
     for scale, block in data.items():
         for name, r in block.items():

@@ -202,6 +202,7 @@ def main() -> int:
             # ESRT's softmax does not fit whole on these 2 MP pictures: tiled where a job passes 4 GiB.
             photos = ["--data", "datasets/photos/val", "--tile", "auto", "--memory-budget-mb", "4096"]
             subprocess.run([*cmd, *photos, "--json", "benchmarks/results/sr_quality_photos.json"], check=True)
+    print(json.dumps(json.loads(Path("benchmarks/results/sr_quality.json").read_text()), indent=1)[:2000])
     return 0
 
 

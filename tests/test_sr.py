@@ -275,15 +275,10 @@ def test_nalasr_and_esrt_train_alike_at_every_stage(stage):
         for arch in ("NaLaSR/train_NaLaSR_light", "ESRT/train_ESRT")
     )
     assert (nalasr["network_g"]["type"], esrt["network_g"]["type"]) == ("NaLaSR", "ESRT")
-    assert nalasr["path"].get("pretrain_network_g") == (
-        None
-        if esrt["path"].get("pretrain_network_g") is None
-        else esrt["path"]["pretrain_network_g"].replace("ESRT_x4", "NaLaSR_light_x4")
-    )
+    starts = [opt["path"].pop("pretrain_network_g", None) for opt in (nalasr, esrt)]
+    assert starts[0] == (starts[1] and starts[1].replace("ESRT_x4", "NaLaSR_light_x4"))
     for opt in (nalasr, esrt):
-        for key in ("name", "network_g"):
-            del opt[key]
-        opt["path"].pop("pretrain_network_g", None)
+        del opt["name"], opt["network_g"]
     assert nalasr == esrt
 
 
