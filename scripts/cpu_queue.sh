@@ -13,7 +13,8 @@
 #      SwinIR-light, then the held-out photo scores of NaLaSR, ESRT and EDSR (retrained from their seeded options
 #      where the checkpoint is gone).
 #   3. The photo set's trainings (issue 18): stage 3 of the shipped x4 pair, NaLaSR-light and ESRT, same budget and
-#      seed, from their stage-2 checkpoints (experiments/*_x4_mini_ft; make weights-sr trains stages 1 and 2).
+#      seed, from their stage-2 checkpoints (experiments/*_x4_mini_ft; make weights-sr trains stages 1 and 2); then
+#      stage 2 of the shipped x2 (NaLaSR-light; stream A only), from its stage-1 checkpoint (experiments/NaLaSR_light_x2_mini).
 #      The from-scratch 60,000-iteration *_photos.yml runs (about 25 h each) are for a machine kept that long.
 set -euo pipefail
 
@@ -22,7 +23,7 @@ main() {
     BIN=.venv/bin
     stream=${1:?usage: scripts/cpu_queue.sh A|B}
     case $stream in
-        A) dit_seeds=(1 2 0); sr_seeds=(0 1 2); photos=(NaLaSR/train_NaLaSR_light_x4_photos_ft) ;;
+        A) dit_seeds=(1 2 0); sr_seeds=(0 1 2); photos=(NaLaSR/train_NaLaSR_light_x4_photos_ft NaLaSR/train_NaLaSR_light_x2_photos_ft) ;;
         B) dit_seeds=(2 1 0); sr_seeds=(2 1 0); photos=(ESRT/train_ESRT_x4_photos_ft) ;;
         *) echo "scripts/cpu_queue.sh: stream must be A or B, got '$stream'" >&2; exit 2 ;;
     esac

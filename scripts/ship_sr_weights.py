@@ -36,7 +36,9 @@ RUN_NOTES = {
     "ran too" + STAGE_2 + STAGE_3,
     "esrt-x4": "stage 1 ran beside the nalasr-light-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
     "ran too" + STAGE_2 + STAGE_3,
-    "nalasr-light-x2": "ran beside the esrt-x4 run, " + ONE_THREAD,
+    "nalasr-light-x2": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + "; stage 2 ran alone with two threads "
+    "(OMP_NUM_THREADS=2), from stage 1's weights (restored from the card's safetensors: stage 1 had trained in "
+    "another checkout)",
 }
 # Each shipped weight's training stages, in order: a later stage starts from the one before (its
 # ``pretrain_network_g``); the last one is exported.
@@ -51,7 +53,10 @@ RUNS = {
         "options/train/ESRT/train_ESRT_x4_mini_ft.yml",
         "options/train/ESRT/train_ESRT_x4_photos_ft.yml",
     ],
-    "nalasr-light-x2": ["options/train/NaLaSR/train_NaLaSR_light_x2_mini.yml"],
+    "nalasr-light-x2": [
+        "options/train/NaLaSR/train_NaLaSR_light_x2_mini.yml",
+        "options/train/NaLaSR/train_NaLaSR_light_x2_photos_ft.yml",
+    ],
 }
 # What each data set of the options (their datasets' ``name``) is, for the cards.
 DATA = {

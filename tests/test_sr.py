@@ -282,6 +282,30 @@ def test_nalasr_and_esrt_train_alike_at_every_stage(stage):
     assert nalasr == esrt
 
 
+def test_the_x2_photo_stage_trains_as_the_x4_one():
+    """The shipped x2's photo stage has the x4 photo stage's schedule, data and validation, at its own scale."""
+    import yaml
+
+    x2, x4 = (
+        yaml.safe_load((REPO / "options" / "train" / "NaLaSR" / f"train_NaLaSR_light_{s}_photos_ft.yml").read_text())
+        for s in ("x2", "x4")
+    )
+    assert (x2["scale"], x2["network_g"]["upscale"]) == (2, 2)
+    assert x2["datasets"]["train"]["gt_size"] // 2 == x4["datasets"]["train"]["gt_size"] // 4  # the same LR patch
+    assert x2["datasets"]["train"]["dataroot_lq"].endswith("X2_sub") and x2["datasets"]["val"]["dataroot_lq"].endswith(
+        "x2"
+    )
+    assert {m["crop_border"] for m in x2["val"]["metrics"].values()} == {2}
+    assert x2["path"]["pretrain_network_g"] == "experiments/NaLaSR_light_x2_mini/models/net_g_latest.pth"
+    assert x2["train"] == x4["train"] and x2["manual_seed"] == x4["manual_seed"]
+    for opt in (x2, x4):
+        del opt["name"], opt["scale"], opt["network_g"]["upscale"], opt["path"], opt["val"]["metrics"]
+        for split in opt["datasets"].values():
+            del split["dataroot_lq"]
+            split.pop("gt_size", None)
+    assert x2 == x4
+
+
 def test_evaluate_bicubic_and_a_model(mini_root, tmp_path):
     from nala_gen.sr.evaluate import evaluate
     from nala_gen.sr.models import build_arch
