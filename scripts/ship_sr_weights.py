@@ -3,6 +3,9 @@
 Run by ``make weights-sr`` after the trainings; reads each run's log for its wall time and writes
 ``weights/NAME.{safetensors,json}`` plus ``benchmarks/results/sr_quality.json`` (the embedded mini val split) and
 ``benchmarks/results/sr_quality_photos.json`` (the photo set's held-out split, where it has been prepared).
+
+``python scripts/ship_sr_weights.py [NAME ...]`` ships only the named weights and scores only their scales (a
+stage of one network retrained: the others' cards and scores stay as they are).
 """
 
 from __future__ import annotations
@@ -143,12 +146,17 @@ def stage_facts(name: str, option: str, opt: dict, device: str) -> dict | None:
     return None
 
 
-def main() -> int:
+def main(names: list[str]) -> int:
     import torch
+
+    unknown = sorted(set(names) - set(RUNS))
+    if unknown:
+        raise SystemExit(f"unknown weights {', '.join(unknown)}; shipped here: {', '.join(RUNS)}")
+    runs = {name: options for name, options in RUNS.items() if not names or name in names}
 
     # The machine the runs trained on (this script runs right after them in make weights-sr).
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU: {cpu_name()}, {os.cpu_count()} vCPUs"
-    for name, options in RUNS.items():
+    for name, options in runs.items():
         option = options[-1]
         stage_opts = [yaml.safe_load(Path(o).read_text()) for o in options]
         opt = stage_opts[-1]
@@ -201,6 +209,8 @@ def main() -> int:
         card = export_checkpoint(checkpoint, option, name, "weights", info, param_key)
         print(f"exported {card}")
     for scale, models in ((4, ["bicubic", "esrt-x4", "nalasr-light-x4"]), (2, ["bicubic", "nalasr-light-x2"])):
+        if not set(models) & set(runs):
+            continue
         cmd = ["nala-sr", "evaluate", "--scale", str(scale), "--models", *models]
         subprocess.run([*cmd, "--json", "benchmarks/results/sr_quality.json"], check=True)
         if Path("datasets/photos/val").is_dir():
@@ -212,4 +222,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -396,3 +396,17 @@ def test_ship_script_reports_every_training_stage(tmp_path, monkeypatch):
         "hardware": "CPU: new",
     }
     assert ship.stage_facts("w", "options/other.yml", {"name": "B", "train": {"total_iter": 5}}, "CPU: new") is None
+
+
+def test_ship_script_refuses_an_unknown_weight_name(tmp_path, monkeypatch):
+    """``ship_sr_weights.py NAME ...`` ships the named weights only; a name it does not ship stops it before any
+    export or scoring (no card is written)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ship", Path(__file__).parents[1] / "scripts" / "ship_sr_weights.py")
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="unknown weights nalasr-x9; shipped here: nalasr-light-x4, esrt-x4"):
+        ship.main(["nalasr-light-x2", "nalasr-x9"])
+    assert not any(tmp_path.iterdir())
