@@ -39,9 +39,9 @@ RUN_NOTES = {
     "ran too" + STAGE_2 + STAGE_3,
     "esrt-x4": "stage 1 ran beside the nalasr-light-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
     "ran too" + STAGE_2 + STAGE_3,
-    "nalasr-light-x2": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + "; stage 2 ran alone with two threads "
-    "(OMP_NUM_THREADS=2), from stage 1's weights (restored from the card's safetensors: stage 1 had trained in "
-    "another checkout)",
+    "nalasr-light-x2": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + "; stage 2 ran with two threads "
+    "(OMP_NUM_THREADS=2) and no other training, beside short tests and micro-benchmarks in its first 10 minutes, "
+    "from stage 1's weights (restored from the card's safetensors: stage 1 had trained in another checkout)",
 }
 # Each shipped weight's training stages, in order: a later stage starts from the one before (its
 # ``pretrain_network_g``); the last one is exported.
