@@ -233,11 +233,9 @@ class ComposedTransformer(nn.Module):
     * ``fold(b) = count * x + conv_transpose(h, W_p) + conv_transpose(z, W_2) + fold(b_p + b_2)``, ``count`` the
       number of 3x3 windows covering a pixel.
 
-    Convolutions of x (to R channels before the attention; after it to M for fc1, then to R for LN2's statistics,
-    so that none is held while the attention runs and one part at a time after it) and Linears on h replace the
-    unfold, both LayerNorms, the reduction and the two residual adds over D-wide tokens, and the fold. The few
-    per-token scalars LN2 needs besides (``b_p . T``, ``sum W_p h``, ``b_p . W_p h``) ride in the rows that pad the
-    fc1 pair to a multiple of 16, not as rows 145 and 146 of an R-wide product padded to 160;
+    Convolutions of x (to R + 1 channels before the attention; after it to R + 1 for LN2's statistics, then to M
+    for fc1, so that none is held while the attention runs and one part at a time after it) and Linears on h
+    replace the unfold, both LayerNorms, the reduction and the two residual adds over D-wide tokens, and the fold;
     the attention (``mix``) and the MLP's second layer run as before. Per LR pixel it does about a third more
     multiply-adds than the plain module, all in convolutions and GEMMs, and moves several times fewer bytes.
 
@@ -268,35 +266,34 @@ class ComposedTransformer(nn.Module):
         dim = w_r.shape[1]
         channels, self.reduced, self.hidden = dim // 9, w_r.shape[0], w_1.shape[0]
         self.dim, self.eps1, self.eps2 = dim, et.norm1.eps, et.norm2.eps
-        fc1_width = _padded_rows(torch.zeros(self.hidden + 2, 1)).shape[0]
-        zero = torch.zeros(1, dim, dtype=torch.float64)
+        ones = torch.ones(1, dim, dtype=torch.float64)
         buffers = {
-            # Convs of x: before the attention [reduce(g1 T)], R; after it, for fc1 and LN2's statistics
-            # [fc1(g2 T) | b_p . T | 0], M + 2, then [W_p^T T], R: made one after the other (and the same split for
-            # the Linears on h), so that no conv output is held while the attention runs and at most the fc1 part
-            # and one other are held after it. Widths padded to multiples of 16 (zero rows), the pair alike.
-            "x_weight_in": _padded_rows(w_r_g).view(-1, channels, 3, 3),
-            "x_weight_fc1": _padded_rows(torch.cat([w_1_g, b_p[None], zero])).view(-1, channels, 3, 3),
-            "x_weight_proj": _padded_rows(w_p.T).view(-1, channels, 3, 3),
-            # Linears on h -> [fc1(g2 W_p h) | sum W_p h | b_p . W_p h], M + 2, and [W_p^T W_p h], R (+ pad)
-            "h_weight_fc1": _padded_rows(torch.cat([w_1_g @ w_p, w_p.sum(0, keepdim=True), (b_p @ w_p)[None]]))[
+            # Convs of x: before the attention [reduce(g1 T) | sum T], R + 1 (+ zero rows to pad); after it, for
+            # LN2's statistics [W_p^T T | b_p . T], R + 1, then for fc1 [fc1(g2 T)], M: made one after the other
+            # (and the same split for the Linears on h), so that no conv output is held while the attention runs
+            # and at most one part's outputs are held at a time after it.
+            "x_weight_in": _padded_rows(torch.cat([w_r_g, ones])).view(-1, channels, 3, 3),
+            "x_weight_proj": _padded_rows(torch.cat([w_p.T, b_p[None]])).view(-1, channels, 3, 3),
+            "x_weight_fc1": _padded_rows(w_1_g).view(-1, channels, 3, 3),
+            # Linears on h -> [W_p^T W_p h | sum W_p h | b_p . W_p h], R + 2, and [fc1(g2 W_p h)], M (+ pad)
+            "h_weight_proj": _padded_rows(torch.cat([w_p.T @ w_p, w_p.sum(0, keepdim=True), (b_p @ w_p)[None]]))[
                 ..., None, None
             ],
-            "h_weight_proj": _padded_rows(w_p.T @ w_p)[..., None, None],
+            "h_weight_fc1": _padded_rows(w_1_g @ w_p)[..., None, None],
             "reduce_sum": w_r_g.sum(1),
             "reduce_bias": w_r @ f64(et.norm1.bias),
             # fc1's per-token terms and its second layer's fold padded like x_weight_fc1 (zeros), so the padded
             # channels of z stay zero and z keeps its full, contiguous width
-            "fc1_sum": _rows_to(w_1_g.sum(1), fc1_width),
-            "fc1_inner": _rows_to(w_1_g @ b_p, fc1_width),
-            "fc1_bias": _rows_to(w_1 @ f64(et.norm2.bias) + b_1, fc1_width),
+            "fc1_sum": _padded_rows(w_1_g.sum(1)),
+            "fc1_inner": _padded_rows(w_1_g @ b_p),
+            "fc1_bias": _padded_rows(w_1 @ f64(et.norm2.bias) + b_1),
             "proj_bias_sum": b_p.sum().view(1),
             "proj_bias_sq": (b_p @ b_p).view(1),
             "fold_h": w_p.T.reshape(self.reduced, channels, 3, 3),  # conv_transpose2d: (in, out, 3, 3)
-            "fold_z": _rows_to(w_2.T.reshape(self.hidden, channels, 3, 3), fc1_width),
+            "fold_z": _padded_rows(w_2.T.reshape(self.hidden, channels, 3, 3)),
             "fold_bias": (b_p + b_2).view(1, channels, 3, 3),
             "fold_bias_inside": (b_p + b_2).view(channels, 9).sum(1),  # a pixel that all nine windows cover
-            "box": torch.ones(2, 1, 3, 3, dtype=torch.float64),  # two box sums at once (a grouped conv)
+            "box": torch.ones(1, 1, 3, 3, dtype=torch.float64),
         }
         for name, value in buffers.items():
             self.register_buffer(name, value.to(like), persistent=False)
@@ -312,11 +309,9 @@ class ComposedTransformer(nn.Module):
         def grid(t: Tensor) -> Tensor:  # (B, N, K) -> (B, K, H, W), channels-last strides
             return t.view(b, height, width, -1).permute(0, 3, 1, 2)
 
-        # (B, N, 1) each: sum T and sum T^2, 3x3 box sums of the channel sum and sum of squares
-        channel_sums = torch.cat([x.sum(1, keepdim=True), x.square().sum(1, keepdim=True)], 1)
-        sums = tokens(F.conv2d(channel_sums, self.box, padding=1, groups=2))
-        sum_t, sq_t = sums[..., :1], sums[..., 1:]
-        conv = tokens(F.conv2d(x, self.x_weight_in, padding=1))  # (B, N, R + pad)
+        conv = tokens(F.conv2d(x, self.x_weight_in, padding=1))  # (B, N, R + 1 + pad)
+        sum_t = conv[..., r : r + 1].clone()  # (B, N, 1), kept without the rest of the map
+        sq_t = tokens(F.conv2d(x.square().sum(1, keepdim=True), self.box, padding=1))  # (B, N, 1): sum T^2
         mean_t = sum_t / d
         rstd_t = torch.rsqrt(sq_t / d - mean_t.square() + self.eps1)
         centred = torch.addcmul(conv[..., :r], mean_t, self.reduce_sum, value=-1)  # one pass, no (B, N, R) product
@@ -324,21 +319,14 @@ class ComposedTransformer(nn.Module):
         del centred, conv
         h = self.mix(reduced, (height, width))  # (B, N, R)
         del reduced
-        m = self.hidden
-        pre = tokens(F.conv2d(x, self.x_weight_fc1, padding=1))  # (B, N, M + 2 + pad): [fc1 | b_p . T | 0]
-        lin = _pointwise(h, (height, width), self.h_weight_fc1)  # (B, N, M + 2 + pad): [fc1 | sum W_p h | b_p . W_p h]
-        mean_a = (sum_t + lin[..., m : m + 1] + self.proj_bias_sum) / d
-        t_dot_o = pre[..., m : m + 1].clone()  # b_p . T, for now
-        o_sq = 2 * lin[..., m + 1 : m + 2] + self.proj_bias_sq
-        pre.add_(lin)  # the extra columns of z are multiplied by fold_z's zero rows
-        del lin
-        conv = tokens(F.conv2d(x, self.x_weight_proj, padding=1))  # (B, N, R + pad): W_p^T T
-        t_dot_o += _row_dot(conv[..., :r], h)
-        del conv
-        lin = _pointwise(h, (height, width), self.h_weight_proj)  # (B, N, R + pad): W_p^T W_p h
-        o_sq += _row_dot(lin[..., :r], h)
-        del lin
+        conv = tokens(F.conv2d(x, self.x_weight_proj, padding=1))  # (B, N, R + 1 + pad)
+        lin = _pointwise(h, (height, width), self.h_weight_proj)  # (B, N, R + 2 + pad)
+        mean_a = (sum_t + lin[..., r : r + 1] + self.proj_bias_sum) / d
+        t_dot_o = _row_dot(conv[..., :r], h) + conv[..., r : r + 1]
+        o_sq = _row_dot(lin[..., :r], h) + 2 * lin[..., r + 1 : r + 2] + self.proj_bias_sq
+        del conv, lin
         rstd_a = torch.rsqrt((sq_t + 2 * t_dot_o + o_sq) / d - mean_a.square() + self.eps2)
+        pre = tokens(F.conv2d(x, self.x_weight_fc1, padding=1)).add_(_pointwise(h, (height, width), self.h_weight_fc1))
         z = (
             pre.add_(self.fc1_inner).addcmul_(mean_a, self.fc1_sum, value=-1).mul_(rstd_a).add_(self.fc1_bias).relu_()
         )  # (B, N, M + pad)
@@ -354,7 +342,7 @@ class ComposedTransformer(nn.Module):
         height, width = x.shape[-2:]
         probe = x.new_ones(1, 1, min(height, 3), min(width, 3))
         bias = F.conv_transpose2d(probe, self.fold_bias, padding=1)[0] - self.fold_bias_inside.view(-1, 1, 1)
-        count = F.conv_transpose2d(probe, self.box[:1], padding=1)[0, 0] - 9
+        count = F.conv_transpose2d(probe, self.box, padding=1)[0, 0] - 9
         for row, rows in _fold_positions(height):
             for col, cols in _fold_positions(width):
                 if count[row, col] == 0:  # inside: nothing to fix
@@ -373,11 +361,6 @@ def _fold_positions(size: int) -> list[tuple[int, slice]]:
 
 
 ROW_DOT_CHUNK = 4096  # tokens per step of _row_dot: its product stays a few MB instead of a (B, N, R) tensor
-
-
-def _rows_to(weight: Tensor, rows: int) -> Tensor:
-    """``weight`` with zero rows appended up to ``rows`` outputs (a buffer that must match a padded width)."""
-    return torch.cat([weight, weight.new_zeros(rows - weight.shape[0], *weight.shape[1:])])
 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
