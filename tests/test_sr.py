@@ -364,15 +364,22 @@ def test_the_deprecated_kernel_names_still_load_with_a_warning(tmp_path):
     assert {block.attn.kernel for block in old.blocks} == {"softmax"}
 
 
-def test_ship_script_reports_every_training_stage(tmp_path, monkeypatch):
+@pytest.fixture
+def ship():
+    """scripts/ship_sr_weights.py as a module (a script, not part of the package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ship", REPO / "scripts" / "ship_sr_weights.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_ship_script_reports_every_training_stage(ship, tmp_path, monkeypatch):
     # The shipped x4 weights train in two stages; a stage whose logs are in another checkout keeps the figures of the
     # card shipped before, a stage trained here reads its own log.
-    import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("ship", Path(__file__).parents[1] / "scripts" / "ship_sr_weights.py")
-    ship = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ship)
     monkeypatch.chdir(tmp_path)
     stage1, stage2 = "options/train/NaLaSR/a.yml", "options/train/NaLaSR/a_ft.yml"
     (tmp_path / "weights").mkdir()
@@ -398,14 +405,9 @@ def test_ship_script_reports_every_training_stage(tmp_path, monkeypatch):
     assert ship.stage_facts("w", "options/other.yml", {"name": "B", "train": {"total_iter": 5}}, "CPU: new") is None
 
 
-def test_ship_script_refuses_an_unknown_weight_name(tmp_path, monkeypatch):
+def test_ship_script_refuses_an_unknown_weight_name(ship, tmp_path, monkeypatch):
     """``ship_sr_weights.py NAME ...`` ships the named weights only; a name it does not ship stops it before any
     export or scoring (no card is written)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ship", Path(__file__).parents[1] / "scripts" / "ship_sr_weights.py")
-    ship = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ship)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit, match="unknown weights nalasr-x9; shipped here: nalasr-light-x4, esrt-x4"):
         ship.main(["nalasr-light-x2", "nalasr-x9"])
