@@ -33,7 +33,7 @@ def test_the_narrower_kernels_pass_the_same_checks(isa):
     env = {**os.environ, "NALA_GEN_FUSED_ISA": isa}
     check = f"from nala_gen.attention import fused; assert fused.instruction_set() == {isa!r}"
     subprocess.run([sys.executable, "-c", check], env=env, check=True)
-    selected = "fused_equals or zero_tiny or thread_count or key_pass"
+    selected = "fused_equals or zero_tiny or thread_count or key_pass or written_into"
     tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selected]
     proc = subprocess.run(tests, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -118,6 +118,59 @@ def test_strided_projections_as_the_module_passes_them(monkeypatch):
     block(x, (6, 8))  # the first training batch starts the learned scale; both paths then see the same gamma
     for a, b in zip(*_both_paths(monkeypatch, run)):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), (a - b).abs().max()
+
+
+INTO_CASES = {
+    "per-head-items": dict(b=2, h=3, n=77, d=18, dv=18, rope=True, keys=2.0),
+    "whole-token-items": dict(b=1, h=2, n=2100, d=18, dv=18, rope=True, keys=2.0),  # 33 tiles: all heads per item
+    "raw-keys-rescaled": dict(b=1, h=2, n=90, d=16, dv=8, rope=False, keys=5e3),  # beyond RAW_KEY_LIMIT: rerun
+}
+
+
+@pytest.mark.parametrize("case", list(INTO_CASES))
+def test_written_into_a_wider_map_with_an_addend(monkeypatch, case):
+    """out=/add= (inference): the attention plus LePE's output written into a head group's channels of a wider
+    (B, N, C) map in one pass of the op, as the SR inference graph calls it; the map's other channels untouched."""
+    c = INTO_CASES[case]
+    b, h, n, d, dv = c["b"], c["h"], c["n"], c["d"], c["dv"]
+    gen = torch.Generator().manual_seed(7)
+    qkv = torch.randn(b, n, h, 3, d, generator=gen)  # heads side by side, q/k/v interleaved (HeadGroupedMix)
+    q, k, v = (qkv[..., i, :].transpose(1, 2) for i in range(3))
+    k, v = k * c["keys"], v[..., :dv]
+    rope = rope_2d(*_grid(n), 2 * d) if c["rope"] else None
+    add = torch.randn(b, n, h, dv, generator=gen).transpose(1, 2)  # a (B, N, h * dv) map's view
+    sentinel = -7.0
+    assert fused.writes_into(add, add, q, k, v)
+
+    def run():
+        wide = torch.full((b, n, 5 + h * dv + 3), sentinel)
+        into = wide[..., 5 : 5 + h * dv].view(b, n, h, dv).transpose(1, 2)  # (B, h, N, dv), strided
+        with torch.inference_mode():
+            returned = linear_attention(q, k, v, rope=rope, out=into, add=add)
+        assert returned.data_ptr() == into.data_ptr()
+        return wide
+
+    fused_wide, eager_wide = _both_paths(monkeypatch, run)
+    for wide in (fused_wide, eager_wide):
+        assert (wide[..., :5] == sentinel).all() and (wide[..., -3:] == sentinel).all()
+    expected = linear_attention(q, k, v, rope=rope) + add  # the eager path is pinned to the reference elsewhere
+    got = fused_wide[..., 5 : 5 + h * dv].view(b, n, h, dv).transpose(1, 2)
+    assert ((got - expected).abs().max() / expected.abs().max()) < 1e-5
+    assert torch.allclose(eager_wide, fused_wide, rtol=1e-5, atol=1e-5)
+
+
+def test_out_and_add_follow_torch_semantics_on_every_path(monkeypatch):
+    torch.manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 30, 16) for _ in range(3))
+    add = torch.randn(1, 2, 30, 16)
+    for kernel in ("nala", "relu", "softmax"):
+        expected = linear_attention(q, k, v, kernel=kernel) + add
+        assert torch.allclose(linear_attention(q, k, v, kernel=kernel, add=add), expected, atol=1e-6)
+        out = torch.empty(1, 2, 30, 16)
+        assert linear_attention(q, k, v, kernel=kernel, out=out, add=add) is out
+        assert torch.allclose(out, expected, atol=1e-6), kernel
+    q.requires_grad_()
+    assert not fused.writes_into(out, None, q, k, v)  # a gradient to track: the op's out= path is not taken
 
 
 @pytest.mark.parametrize("where", ["queries", "keys"])

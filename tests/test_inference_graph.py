@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nala_gen.sr import inference_graph as graph_module
 from nala_gen.sr.esrt_arch import ESRT
 from nala_gen.sr.inference_graph import REACH_PROBES, ComposedUpsampler, compose_chain, inference_graph
 from nala_gen.sr.nalasr_arch import NaLaSR
@@ -114,13 +115,19 @@ def test_graph_of_every_block_variant(options):
 
 @pytest.mark.parametrize("heads", [2, 6, 8])
 @pytest.mark.parametrize("norm_scale", ["tracked", "learned"])
-def test_head_groups_keep_each_heads_own_norm_scale(heads, norm_scale):
-    # The graph attends a group of heads at a time (HeadGroupedMix): each head must keep its own gamma.
+@pytest.mark.parametrize("per_group", ["all", "half", "one"])
+def test_head_groups_keep_each_heads_own_norm_scale(monkeypatch, heads, norm_scale, per_group):
+    # The graph attends a group of heads at a time where q/k/v would be large (HeadGroupedMix): whatever the
+    # grouping, each head keeps its own gamma, q/k/v rows and output channels.
     net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=heads, norm_scale=norm_scale), 8)
     block = net.body.transformer[0].attn.block
     with torch.no_grad():
         block.log_norm_scale.copy_(torch.linspace(-1.5, 1.0, heads))
     x = torch.rand(1, 3, 15, 13, generator=torch.Generator().manual_seed(4))
+    mix = inference_graph(net).body.transformer[0].mix
+    heads_per_group = {"all": heads, "half": heads // 2, "one": 1}[per_group]
+    monkeypatch.setattr(graph_module, "QKV_GROUP_BYTES", 15 * 13 * 3 * mix.head_dim * 4 * heads_per_group)
+    assert mix.groups(15 * 13, 4) == heads // heads_per_group
     plain, graph = plain_and_graph(net, x)
     assert (plain - graph).abs().max().item() <= TOL
 

@@ -113,6 +113,8 @@ def linear_attention(
     rope: Rope | None = None,
     chunk_size: int = DEFAULT_CHUNK,
     compile: bool | None = None,
+    out: Tensor | None = None,
+    add: Tensor | None = None,
     **kernel_options,
 ) -> Tensor:
     """Non-causal kernelised attention in O(N) time and memory.
@@ -131,15 +133,20 @@ def linear_attention(
         compile: fuse the feature map with ``torch.compile`` (see :func:`~nala_gen.attention.kernels.
             compiled_feature_map`); None follows the environment variable ``NALA_GEN_COMPILE=1``. Where the fused
             C++ op applies (``nala`` on a CPU, see :mod:`~nala_gen.attention.fused`) that op runs instead.
+        out: optional (B, heads, N_q, dv) tensor the result is written into (and returned), as torch's ``out=``
+            (no autograd through it); any strides with a contiguous last dimension, such as a head group's
+            channels of a (B, N, C) map. Where the fused op applies it writes there directly.
+        add: optional tensor of the result's shape added to it (LePE's output, say): in the same pass as the
+            write when the fused op writes into ``out``. Neither may overlap q, k or v, nor each other.
         **kernel_options: forwarded to the feature map (e.g. ``lam``, ``tau`` for ``nala``).
 
     Returns:
-        (B, heads, N_q, dv) in v's dtype.
+        (B, heads, N_q, dv) in v's dtype (``out`` when given).
     """
     if _RECORDERS:
         report_queries_keys(q, k, kernel, **kernel_options)
     if kernel in SOFTMAX_KERNELS:
-        return softmax_attention(q, k, v, rope)
+        return _written(softmax_attention(q, k, v, rope), out, add)
     _check(q, k, v)
     if compile is None:
         compile = os.environ.get("NALA_GEN_COMPILE", "0").lower() in ("1", "true", "yes")
@@ -148,7 +155,9 @@ def linear_attention(
     # The fused op beats the compiled map on a CPU too, so it runs whenever it can; compile= only shapes the rest.
     # It checks the keys for overflow itself (see fused.nala_attention).
     if kernel == "nala" and fused.eligible(q, k, v, kernel_options):
-        return fused.nala_attention(q, k, v, rope, eps_total, **kernel_options)
+        if out is not None and fused.writes_into(out, add, q, k, v):
+            return fused.nala_attention(q, k, v, rope, eps_total, out=out, add=add, **kernel_options)
+        return _written(fused.nala_attention(q, k, v, rope, eps_total, **kernel_options), out, add)
     k = safe_keys(kernel, k, **kernel_options)
     phi = compiled_feature_map(kernel) if compile else spec.features
     kv, k_sum = None, None
@@ -161,14 +170,21 @@ def linear_attention(
         kv = kv_part if kv is None else kv.add_(kv_part)
         k_sum = sum_part if k_sum is None else k_sum.add_(sum_part)
 
-    out = torch.empty(*q.shape[:-1], v.shape[-1], dtype=v.dtype, device=v.device)
+    result = torch.empty(*q.shape[:-1], v.shape[-1], dtype=v.dtype, device=v.device)
     for start in range(0, q.shape[-2], chunk_size):
         stop = start + chunk_size
         phi_q = phi(q[..., start:stop, :], True, **kernel_options)
         denominator = (phi_q * k_sum).sum(dim=-1, keepdim=True).add_(eps_total).clamp_min_(_TINY)
         numerator = _rotate(phi_q, _rope_slice(rope, start, stop)) @ kv
-        out[..., start:stop, :] = numerator.div_(denominator)
-    return out
+        result[..., start:stop, :] = numerator.div_(denominator)
+    return _written(result, out, add)
+
+
+def _written(result: Tensor, out: Tensor | None, add: Tensor | None) -> Tensor:
+    """``result + add`` (when ``add`` is given), into ``out`` when that is given."""
+    if out is None:
+        return result if add is None else result + add
+    return out.copy_(result) if add is None else torch.add(result, add, out=out)
 
 
 def attention_weights(q: Tensor, k: Tensor, kernel: str = "nala", rope: Rope | None = None, **kernel_options) -> Tensor:

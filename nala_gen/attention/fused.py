@@ -62,8 +62,9 @@ def unavailable_reason() -> str | None:
 def instruction_set() -> str | None:
     """The widest compiled variant this CPU runs (``avx512``, ``avx2`` or ``baseline``); None without the op.
 
-    The 16-float AVX-512 kernels take heads whose sizes are multiples of 16 (d and dv); other heads run the 8-float
-    AVX2 kernels. ``NALA_GEN_FUSED_ISA=avx2`` (or ``baseline``), set before the first call, caps the choice."""
+    The 16-float AVX-512 kernels take a head unless their padding to 16 floats (d and dv) makes its products more
+    vector work than the 8-float AVX2 kernels' (heads of 8 floats, say), which then run it.
+    ``NALA_GEN_FUSED_ISA=avx2`` (or ``baseline``), set before the first call, caps the choice."""
     return None if _op is None else _op.isa()
 
 
@@ -120,14 +121,33 @@ def _per_head(norm_scale: float | Tensor, heads: int) -> Tensor:
     return torch.full((heads,), check_norm_scale(norm_scale))
 
 
+def writes_into(out: Tensor, add: Tensor | None, *inputs: Tensor) -> bool:
+    """Whether the op can write its output (plus ``add``) straight into ``out``: float32 CPU tensors with a
+    contiguous last dimension, and no gradient to track (the path keeps nothing for a backward)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, out) if isinstance(t, Tensor)):
+        return False
+    written = (out,) if add is None else (out, add)
+    return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.stride(-1) == 1 for t in written)
+
+
 def nala_attention(
-    q: Tensor, k: Tensor, v: Tensor, rope: tuple[Tensor, Tensor] | None, eps_total: float = 0.0, **options
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rope: tuple[Tensor, Tensor] | None,
+    eps_total: float = 0.0,
+    out: Tensor | None = None,
+    add: Tensor | None = None,
+    **options,
 ) -> Tensor:
     """The fused op; see the module.
 
     q, k: (B, heads, N, d); v: (B, heads, N_k, dv); rope: (cos, sin) tables (N, d) for the 2d features, or None;
     options: those of :func:`~nala_gen.attention.kernels.nala_features`, with its defaults.
-    Returns (B, heads, N_q, dv) in v's dtype.
+    Returns (B, heads, N_q, dv) in v's dtype. With ``out`` (inference, see :func:`writes_into`) the result plus
+    ``add`` (optional, same shape) is written into ``out``, whatever its strides, and ``out`` is returned: a head
+    group's channels of a wider (B, N, C) map take the attention and LePE's output in one pass, with no
+    intermediate (B, heads, N, dv) tensor. ``out`` must not overlap q, k, v or ``add``.
 
     Keys whose raw power could overflow are rescaled as the PyTorch path rescales them
     (:func:`~nala_gen.attention.kernels.safe_keys`), but the check costs no pass of its own: the op reports each
@@ -143,10 +163,15 @@ def nala_attention(
     cos, sin = (empty, empty) if rope is None else (rope[0].float().contiguous(), rope[1].float().contiguous())
     dtype = v.dtype
     q, v = upcast(q), upcast(v)
-    run = lambda keys: _FusedNaLa.apply(  # noqa: E731
-        q, upcast(keys), v, cos, sin, gamma, float(lam), float(tau), scale, key_raw, eps_total
-    )
-    out, key_max = run(k)
+    arguments = (cos, sin, gamma, float(lam), float(tau), scale, key_raw, eps_total)
+    if out is not None:
+        addend = empty if add is None else add
+        key_max = _op.forward_into(q, upcast(k), v, *arguments, out, addend)
+        if key_raw and bool((key_max > RAW_KEY_LIMIT).any()):  # every row of out is written again
+            _op.forward_into(q, upcast(safe_keys("nala", k, **options)), v, *arguments, out, addend)
+        return out
+    run = lambda keys: _FusedNaLa.apply(q, upcast(keys), v, *arguments)  # noqa: E731
+    result, key_max = run(k)
     if key_raw and bool((key_max > RAW_KEY_LIMIT).any()):
-        out, _ = run(safe_keys("nala", k, **options))
-    return out if out.dtype == dtype else out.to(dtype)
+        result, _ = run(safe_keys("nala", k, **options))
+    return result if result.dtype == dtype else result.to(dtype)

@@ -18,7 +18,8 @@ Made by :func:`inference_graph` from a trained network in well under a second (n
 * **The Efficient Transformer without its 9C-wide tokens** (:class:`ComposedTransformer`): the unfold, both
   LayerNorms, the reduction, the residual adds and the fold become 3x3 convolutions of the features, per-token
   Linears after the attention and two transposed convolutions; the attention itself runs as trained, and the NaLa
-  block a group of heads at a time (:class:`HeadGroupedMix`), so its q/k/v are never all held at full width.
+  block a group of heads at a time where its q/k/v would be large (:class:`HeadGroupedMix`), its attention and
+  LePE written into the output by one pass of the fused op.
   Every per-token Linear runs as a 1x1 convolution of the tokens' channels-last map (oneDNN's kernels, about
   twice as fast as the GEMM here).
 * **No concatenations, scalars folded** (:class:`FoldedARFB`, :class:`FoldedHPB`, :class:`FoldedBody`): a 1x1
@@ -51,7 +52,9 @@ Tensor = torch.Tensor
 
 
 REACH_PROBES = (3, 6, 12)  # max_radius tried in turn by ComposedUpsampler
-HEAD_GROUPS = 4  # NaLa heads are attended in up to this many groups (HeadGroupedMix)
+# A head group's q/k/v projection is kept within this many bytes (HeadGroupedMix): whole at about 1 MP out at x4
+# (62,500 tokens of NaLaSR-light: 108 MB), in groups beyond.
+QKV_GROUP_BYTES = 128 * 2**20
 
 
 def _impulse_response(chain: nn.Module, in_ch: int, scale: int, probe: int) -> tuple[Tensor, Tensor]:
@@ -158,9 +161,11 @@ class HeadGroupedMix(nn.Module):
     """The NaLa block's ``mix`` (:meth:`~nala_gen.attention.NaLaAttention.mix`) a group of heads at a time.
 
     Heads are independent until the output LayerNorm, and LePE is depthwise, so each group's q/k/v projection,
-    attention and LePE run alone and write their channels of one (B, N, C) output: at most a group's projections
-    are held at once (a quarter of them with HEAD_GROUPS = 4) instead of all three at full width, which at an
-    image's token count is most of the network's memory. Then the gate, over all channels, as in the block.
+    attention and LePE run alone and write their channels of one (B, N, C) output, the attention and LePE in one
+    pass of the fused op (``linear_attention(..., out=, add=)``). The groups are as few as keep a group's q/k/v
+    within ``QKV_GROUP_BYTES``: one at NaLaSR-light's 1 MP out (fewer, larger convolutions and op calls run
+    faster), more at larger inputs, where all three at full width would be most of the network's memory. Then
+    the gate, over all channels, as in the block.
 
     Args:
         block: a trained :class:`~nala_gen.attention.NaLaAttention` (shared, in eval mode).
@@ -170,19 +175,30 @@ class HeadGroupedMix(nn.Module):
         super().__init__()
         self.block = block
         c, heads = block.qkvg.in_features, block.num_heads
-        groups = max(g for g in range(1, min(HEAD_GROUPS, heads) + 1) if heads % g == 0)
-        self.width, self.heads_per_group = c // groups, heads // groups
+        self.head_dim = c // heads
         weight = block.qkvg.weight.detach()
         bias = block.qkvg.bias.detach() if block.qkvg.bias is not None else torch.zeros(weight.shape[0]).to(weight)
-        rows = torch.arange(self.width, device=weight.device)
-        # (groups, 3 * width, C): each group's q, k and v rows, contiguous.
-        index = torch.stack([torch.cat([part * c + g * self.width + rows for part in range(3)]) for g in range(groups)])
-        # 1x1 conv weights, (groups * 3 * width, C, 1, 1): 4-D, so that .to(memory_format=...) takes the graph
-        self.register_buffer("qkv_weight", weight[index.flatten()][..., None, None], persistent=False)
-        self.register_buffer("qkv_bias", bias[index], persistent=False)
+        rows = torch.arange(self.head_dim, device=weight.device)
+        # q and k rows head by head, each head's q and k side by side, so that any run of consecutive heads is a
+        # contiguous block of rows whatever the grouping; v apart (its rows are already head by head), so that its
+        # projection is the dense map LePE convolves, not a strided slice to copy first.
+        index = torch.cat([part * c + h * self.head_dim + rows for h in range(heads) for part in range(2)])
+        # 1x1 conv weights, (2C or C, C, 1, 1): 4-D, so that .to(memory_format=...) takes the graph
+        self.register_buffer("qk_weight", weight[index][..., None, None], persistent=False)
+        self.register_buffer("qk_bias", bias[index], persistent=False)
+        self.register_buffer("v_weight", weight[2 * c : 3 * c, :, None, None].clone(), persistent=False)
+        self.register_buffer("v_bias", bias[2 * c : 3 * c].clone(), persistent=False)
         if block.out_norm is not None:
             self.register_buffer("gate_weight", weight[3 * c :, :, None, None].clone(), persistent=False)
             self.register_buffer("gate_bias", bias[3 * c :].clone(), persistent=False)
+
+    def groups(self, tokens: int, itemsize: int) -> int:
+        """The fewest head groups (a divisor of the heads) whose q/k/v projection of ``tokens`` (batch included)
+        fits ``QKV_GROUP_BYTES``; one group per head at worst."""
+        heads = self.block.num_heads
+        per_head = tokens * 3 * self.head_dim * itemsize
+        fitting = (g for g in range(1, heads + 1) if heads % g == 0 and per_head * (heads // g) <= QKV_GROUP_BYTES)
+        return next(fitting, heads)
 
     def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
         """x: (B, N, C) tokens of an H x W grid -> (B, N, C), the block's output before its projection."""
@@ -190,32 +206,39 @@ class HeadGroupedMix(nn.Module):
         rope = block._rope(hw, x.device)
         scale = None if block.log_norm_scale is None else block.log_norm_scale.exp().view(-1, 1, 1)
         out = torch.empty_like(x)
-        for g in range(self.qkv_bias.shape[0]):
-            self._attend(x, g, out, hw, rope, scale)
+        groups = self.groups(x.shape[0] * x.shape[1], x.element_size())
+        for g in range(groups):
+            self._attend(x, block.num_heads // groups, g, out, hw, rope, scale)
         if block.out_norm is None:
             return out
         out = block.out_norm(out)  # before the gate's projection: the unnormalised output is gone by then
         return out.mul_(F.silu(_pointwise(x, hw, self.gate_weight, self.gate_bias), inplace=True))  # the norm's dtype
 
-    def _attend(self, x: Tensor, g: int, out: Tensor, hw: tuple[int, int], rope, scale: Tensor | None) -> None:
-        """Head group ``g``'s attention and LePE into its channels of ``out``; its temporaries die on return."""
-        block, (b, n, _), width, per_group = self.block, x.shape, self.width, self.heads_per_group
-        rows = slice(3 * width * g, 3 * width * (g + 1))
-        qkv = _pointwise(x, hw, self.qkv_weight[rows], self.qkv_bias[g])
-        q, k, v = qkv.unflatten(-1, (3, per_group, width // per_group)).permute(2, 0, 3, 1, 4)
+    def _attend(
+        self, x: Tensor, per_group: int, g: int, out: Tensor, hw: tuple[int, int], rope, scale: Tensor | None
+    ) -> None:
+        """Group ``g`` (of ``per_group`` heads)'s attention and LePE into its channels of ``out``; its
+        temporaries die on return."""
+        block, (b, n, _), d = self.block, x.shape, self.head_dim
+        width = per_group * d
+        rows = slice(2 * width * g, 2 * width * (g + 1))
+        qk = _pointwise(x, hw, self.qk_weight[rows], self.qk_bias[rows])  # (B, N, per_group * 2 * d)
+        q, k = qk.unflatten(-1, (per_group, 2, d)).permute(3, 0, 2, 1, 4)  # each (B, h_g, N, d)
+        picked = slice(width * g, width * (g + 1))
+        v_tokens = _pointwise(x, hw, self.v_weight[picked], self.v_bias[picked])  # (B, N, width)
+        v = v_tokens.view(b, n, per_group, d).transpose(1, 2)
         options = block.kernel_options
         if scale is not None:
             options = {**options, "norm_scale": scale[g * per_group : (g + 1) * per_group]}
-        attended = linear_attention(q, k, v, kernel=block.kernel, rope=rope, **options)  # (B, h_g, N, d)
-        channels = out[..., g * width : (g + 1) * width].view(b, n, per_group, -1)  # (B, N, h_g, d) of out
-        if block.lepe is None:
-            channels.copy_(attended.transpose(1, 2))
-            return
-        lepe, picked = block.lepe, slice(g * width, (g + 1) * width)
-        v_map = tokens_to_map(v.transpose(1, 2).reshape(b, n, width), hw)
-        local = F.conv2d(v_map, lepe.weight[picked], lepe.bias[picked], padding=lepe.padding, groups=width)
-        # attention + LePE written into the group's channels in one pass (not a copy and then an add)
-        torch.add(attended.transpose(1, 2), map_to_tokens(local).reshape(b, n, per_group, -1), out=channels)
+        # (B, h_g, N, d): the group's channels of out, where the attention (plus LePE) is written in one pass
+        channels = out[..., g * width : (g + 1) * width].view(b, n, per_group, d).transpose(1, 2)
+        local = None
+        if block.lepe is not None:
+            lepe = block.lepe
+            v_map = tokens_to_map(v_tokens, hw)  # channels-last, no copy
+            local = F.conv2d(v_map, lepe.weight[picked], lepe.bias[picked], padding=lepe.padding, groups=width)
+            local = map_to_tokens(local).reshape(b, n, per_group, d).transpose(1, 2)  # (B, h_g, N, d)
+        linear_attention(q, k, v, kernel=block.kernel, rope=rope, out=channels, add=local, **options)
 
 
 class ComposedTransformer(nn.Module):

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nala_fused {
@@ -86,9 +87,12 @@ struct Kernels {
 
 static int round_up(int n, int multiple) { return (n + multiple - 1) / multiple * multiple; }
 
-// The widest kernels this CPU runs that do not pad a head (d or dv) further than 8-float vectors would: the
-// 16-float AVX-512 kernels take heads of 16, 32, 64, ... floats, the 8-float AVX2 ones every other size (NaLaSR's
-// heads of 18 floats would run 32-wide, 78 % padding). Chosen from the shape alone, so forward and backward agree.
+// The kernels with the fewest vector operations for a head on this CPU: the 16-float AVX-512 ones unless their
+// padding makes the products' vector work (Dp * DVp / W per token) larger than the 8-float AVX2 ones' (heads of 8
+// floats, or a small dv beside a large d); their maps never take more vectors. NaLaSR's heads of 18 floats run
+// 32-wide (64 vector FMAs per token in each product against 72 at 24 wide, and 2 map vectors against 3): about a
+// tenth faster than the AVX2 kernels in timings of its 62,500-token call. Chosen from the shape alone, so forward
+// and backward agree.
 // NALA_GEN_FUSED_ISA=avx2 or =baseline (read once) caps the choice: to test or time the narrower kernels on a CPU
 // that has wider ones, or to reproduce another machine's bits.
 static const Kernels& kernels(int d = 16, int dv = 16) {
@@ -105,7 +109,8 @@ static const Kernels& kernels(int d = 16, int dv = 16) {
   static const bool avx512 = avx2 && cap != "avx2" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                              __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
   static const Kernels k512 = NALA_KERNELS(avx512), k256 = NALA_KERNELS(avx2);
-  if (avx512 && round_up(d, 16) == round_up(d, 8) && round_up(dv, 16) == round_up(dv, 8)) return k512;
+  const bool wide_pays = round_up(d, 16) * round_up(dv, 16) / 16 <= round_up(d, 8) * round_up(dv, 8) / 8;
+  if (avx512 && wide_pays) return k512;
   if (avx2) return k256;
 #endif
   static const Kernels base = NALA_KERNELS(baseline);
@@ -246,24 +251,17 @@ static int64_t group_count(int64_t BH, int64_t tiles) {
   return std::max<int64_t>(1, std::min<int64_t>(tiles, 64 / std::max<int64_t>(BH, 1)));
 }
 
-std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
-                                const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& gamma, double lam,
-                                double tau, double angle_scale, bool key_raw, double eps_total) {
-  at::Tensor q = q_in.stride(3) == 1 ? q_in : q_in.contiguous();
-  at::Tensor k = k_in.stride(3) == 1 ? k_in : k_in.contiguous();
-  at::Tensor v = v_in.stride(3) == 1 ? v_in : v_in.contiguous();
-  const Kernels& K = kernels((int)q.size(3), (int)v.size(3));
-  const Problem P = make_problem(K.width, q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
+// Key pass: KV (F x DVp) and z (F) per (batch, head), from partial sums per group of tiles, and the largest
+// |key component| per (batch, head) while the keys are in cache (the caller checks it for overflow instead of
+// making a pass of its own over the keys). Returns {state (BH, F * DVp + F), key_max (BH,)}.
+static std::pair<at::Tensor, at::Tensor> key_pass(const Kernels& K, const Problem& P, const at::Tensor& k,
+                                                  const at::Tensor& v) {
   const int F = P.F, DVp = P.DVp, Dp = P.spec.Dp;
-  const Rows qr(q), kr(k), vr(v);
-
-  // Key pass: KV (F x DVp) and z (F) per (batch, head), from partial sums per group of tiles, and the largest
-  // |key component| per (batch, head) while the keys are in cache (the caller checks it for overflow instead of
-  // making a pass of its own over the keys).
+  const Rows kr(k), vr(v);
   const int64_t k_tiles = (P.Nk + kTile - 1) / kTile;
   const int64_t groups = group_count(P.BH, k_tiles);
   const int64_t state = (int64_t)F * DVp + F;
-  at::Tensor partial = at::zeros({P.BH * groups, state + 1}, q.options());
+  at::Tensor partial = at::zeros({P.BH * groups, state + 1}, k.options());
   float* partial_p = partial.data_ptr<float>();
   // Items run head-fastest: the heads of one token range are taken one after another (and by the threads side by
   // side), so a token's row of q, k and v (one per head, interleaved in the caller's projection output) is read
@@ -287,31 +285,88 @@ std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, 
   const at::Tensor per_group = partial.view({P.BH, groups, state + 1});
   at::Tensor kv_state = per_group.narrow(2, 0, state).sum(1);  // groups summed in order
   at::Tensor key_max = std::get<0>(per_group.select(2, state).max(1));
+  return {kv_state, key_max};
+}
 
-  // Query pass: each tile of queries is independent.
-  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), P.dv}, q.options());
-  at::Tensor den = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-  const Rows outr(out);
-  float* den_p = den.data_ptr<float>();
+// Query pass: out rows (through `outr`, any strides) = the attention of each query, plus the row of `addr` when
+// given; the clamped denominators go to `den_p` when it is not null. Each tile of queries is independent.
+static void query_pass(const Kernels& K, const Problem& P, const at::Tensor& q, const at::Tensor& kv_state,
+                       const Rows& outr, const Rows* addr, float* den_p) {
+  const int F = P.F, DVp = P.DVp, Dp = P.spec.Dp;
+  const Rows qr(q);
+  const int64_t state = (int64_t)F * DVp + F;
   const float* state_p = kv_state.data_ptr<float>();
   const int64_t q_tiles = (P.Nq + kTile - 1) / kTile;
-  for_each_item(P.BH * q_tiles, Dp, DVp, [&](int64_t item, Scratch& s) {  // head-fastest, as the key pass
-    const int64_t bh = item % P.BH, t0 = (item / P.BH) * kTile;
+  // An item is all heads of a tile of tokens when there are tiles enough to share out, so that one thread writes
+  // a token's whole output row (heads side by side in the caller's layout would otherwise be written by two
+  // threads into the same cache lines), and it reads a token's q row, interleaved across heads, once.
+  const int64_t per_item = (P.BH / P.heads) * q_tiles >= 16 ? P.heads : 1;
+  const int64_t slots = P.BH / per_item;
+  for_each_item(slots * q_tiles, Dp, DVp, [&](int64_t item, Scratch& s) {
+    const int64_t slot = item % slots, t0 = (item / slots) * kTile;
     const int n = (int)std::min<int64_t>(kTile, P.Nq - t0), rows = round4(n);
-    const float* kv = state_p + bh * state;
-    const float* z = kv + (int64_t)F * DVp;
-    const float gamma_h = P.gamma[bh % P.heads];
-    const float* rot = map_and_rotate(K, P, true, gamma_h, qr.at(bh, t0), qr.stride_n, t0, n, rows, s, false);
-    K.gemm_nn(rot, rows, F, kv, DVp, s.outs);
-    for (int t = 0; t < n; ++t) {
-      const float denominator = std::max(K.dot(s.tile.phi + t * F, z, F) + P.eps_total, kTiny);
-      den_p[bh * P.Nq + t0 + t] = denominator;
-      float* o = outr.mut(bh, t0 + t);
-      const float inv = 1.0f / denominator;
-      for (int j = 0; j < P.dv; ++j) o[j] = s.outs[t * DVp + j] * inv;
+    for (int64_t bh = slot * per_item; bh < (slot + 1) * per_item; ++bh) {
+      const float* kv = state_p + bh * state;
+      const float* z = kv + (int64_t)F * DVp;
+      const float gamma_h = P.gamma[bh % P.heads];
+      const float* rot = map_and_rotate(K, P, true, gamma_h, qr.at(bh, t0), qr.stride_n, t0, n, rows, s, false);
+      K.gemm_nn(rot, rows, F, kv, DVp, s.outs);
+      for (int t = 0; t < n; ++t) {
+        const float denominator = std::max(K.dot(s.tile.phi + t * F, z, F) + P.eps_total, kTiny);
+        if (den_p) den_p[bh * P.Nq + t0 + t] = denominator;
+        float* o = outr.mut(bh, t0 + t);
+        const float* row = s.outs + t * DVp;
+        const float inv = 1.0f / denominator;
+        if (addr) {
+          const float* a = addr->at(bh, t0 + t);
+          for (int j = 0; j < P.dv; ++j) o[j] = row[j] * inv + a[j];
+        } else {
+          for (int j = 0; j < P.dv; ++j) o[j] = row[j] * inv;
+        }
+      }
     }
   });
+}
+
+static at::Tensor last_dim_contiguous(const at::Tensor& x) { return x.stride(3) == 1 ? x : x.contiguous(); }
+
+std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
+                                const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& gamma, double lam,
+                                double tau, double angle_scale, bool key_raw, double eps_total) {
+  const at::Tensor q = last_dim_contiguous(q_in), k = last_dim_contiguous(k_in), v = last_dim_contiguous(v_in);
+  const Kernels& K = kernels((int)q.size(3), (int)v.size(3));
+  const Problem P = make_problem(K.width, q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
+  auto [kv_state, key_max] = key_pass(K, P, k, v);
+  at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), P.dv}, q.options());
+  at::Tensor den = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  query_pass(K, P, q, kv_state, Rows(out), nullptr, den.data_ptr<float>());
   return {out, den, kv_state, key_max};
+}
+
+// Inference: forward's output, plus `addend` when it is defined, written into `out` (B, heads, N_q, dv) of any
+// strides with a contiguous last dimension (a head group's channels of a wider (B, N, C) map, say), without the
+// intermediate output or the backward's saved state. `addend` (same shape, contiguous last dimension) must not
+// overlap `out`. Returns key_max, as forward.
+at::Tensor forward_into(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& cos,
+                        const at::Tensor& sin, const at::Tensor& gamma, double lam, double tau, double angle_scale,
+                        bool key_raw, double eps_total, at::Tensor out, const at::Tensor& addend) {
+  const at::Tensor q = last_dim_contiguous(q_in), k = last_dim_contiguous(k_in), v = last_dim_contiguous(v_in);
+  const Kernels& K = kernels((int)q.size(3), (int)v.size(3));
+  const Problem P = make_problem(K.width, q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
+  const std::vector<int64_t> shape = {q.size(0), q.size(1), q.size(2), v.size(3)};
+  TORCH_CHECK(out.dim() == 4 && out.sizes() == at::IntArrayRef(shape) && out.scalar_type() == at::kFloat &&
+                  out.device().is_cpu() && out.stride(3) == 1,
+              "out must be a float32 CPU tensor (B, heads, N_q, dv) with a contiguous last dimension");
+  const bool add = addend.defined() && addend.numel() > 0;
+  if (add) {
+    TORCH_CHECK(addend.dim() == 4 && addend.sizes() == at::IntArrayRef(shape) &&
+                    addend.scalar_type() == at::kFloat && addend.device().is_cpu() && addend.stride(3) == 1,
+                "addend must be a float32 CPU tensor shaped as out with a contiguous last dimension");
+  }
+  auto [kv_state, key_max] = key_pass(K, P, k, v);
+  const Rows addr = add ? Rows(addend) : Rows(out);
+  query_pass(K, P, q, kv_state, Rows(out), add ? &addr : nullptr, nullptr);
+  return key_max;
 }
 
 // Gradients of forward's output. `state` is forward's KV/z; `den` its clamped denominators.
@@ -424,6 +479,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "Fused NaLa linear attention (CPU): forward and backward in cache-sized tiles";
   m.def("forward", &nala_fused::forward, "out, den, state, key_max = forward(q, k, v, cos, sin, gamma, lam, tau, "
                                          "angle_scale, key_raw, eps_total)");
+  m.def("forward_into", &nala_fused::forward_into, "key_max = forward_into(q, k, v, cos, sin, gamma, lam, tau, "
+                                                   "angle_scale, key_raw, eps_total, out, addend): inference, "
+                                                   "out = attention + addend (addend may be empty)");
   m.def("backward", &nala_fused::backward, "gq, gk, gv, ggamma = backward(grad, q, k, v, cos, sin, gamma, out, den, "
                                            "state, lam, tau, angle_scale, key_raw, eps_total)");
   m.def("isa", &nala_fused::isa, "the instruction set the kernels were dispatched to");
