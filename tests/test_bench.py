@@ -350,6 +350,20 @@ def test_peer_board_builds_runs_and_reports_every_network_on_a_tiny_size(tmp_pat
 
 
 @pytest.mark.slow
+def test_peer_rounds_alternate_fresh_processes_and_keep_the_median_one(tmp_path):
+    from nala_gen.bench.sr_scaling import peers_main
+
+    args = ["--models", "nalasr", "srvgg", "--sides", "8", "--repeats", "1", "--rounds", "3", "--out", str(tmp_path)]
+    assert peers_main(args) == 0
+    result = json.loads((tmp_path / "sr_peers.json").read_text())
+    assert result["rounds"] == 3 and [r["model"] for r in result["rows"]] == ["nalasr", "srvgg"]
+    for r in result["rows"]:
+        rounds = r["rounds_latency_s"]
+        assert len(rounds) == 3 and len(set(rounds)) == 3  # three processes, three timings
+        assert r["latency_s"] == sorted(rounds)[1] and r["status"] == "ok"
+
+
+@pytest.mark.slow
 def test_dit_ablation_trains_scores_adopts_and_reports_on_a_tiny_budget(tmp_path, monkeypatch):
     import shutil
 

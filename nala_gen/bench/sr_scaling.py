@@ -360,11 +360,41 @@ def replot(out: Path) -> int:
     return 0
 
 
+def _peer_point(model: str, side: int, args) -> dict:
+    """One network at one size in a fresh process: whole, or tiled when whole does not fit the memory cap."""
+    result = {}
+    for tiled in ("0", "1"):
+        worker_args = ["peers", "--worker", model, str(side), tiled, "--repeats", str(args.repeats)]
+        worker_args += ["--mem-limit-gb", str(args.mem_limit_gb)]
+        result = run_worker("nala_gen.bench.cli", worker_args, timeout=args.timeout)
+        if result["status"] != "oom":
+            break
+    return result
+
+
+def _median_process(results: list[dict]) -> dict:
+    """The process of median latency among a point's rounds (its figures kept together: time, peak, FLOPs), with
+    every round's latency when there were several; a point that failed in a round reports that failure."""
+    failed = [r for r in results if r["status"] != "ok"]
+    if failed:
+        return failed[0]
+    middle = sorted(results, key=lambda r: r["latency_s"])[(len(results) - 1) // 2]
+    return middle if len(results) == 1 else {**middle, "rounds_latency_s": [r["latency_s"] for r in results]}
+
+
 def peers_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nala-bench peers", description="NaLaSR among the SR networks people use.")
     parser.add_argument("--models", nargs="+", default=list(BOARD), choices=list(ARCHS))
     parser.add_argument("--sides", nargs="+", type=int, default=list(PEER_SIDES), help="square LR sides")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="fresh processes per point, the networks of a size alternated round by round (their order reversed "
+        "every other round); a row is its median process, and keeps every round's latency, so that ratios can be "
+        "taken round by round (this VM's speed drifts from process to process)",
+    )
     parser.add_argument("--mem-limit-gb", type=float, default=16.0, help="memory cap per worker (GiB)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per point")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
@@ -416,22 +446,22 @@ def peers_main(argv: list[str] | None = None) -> int:
     run = run_stamp()
     rows = []
     for side in args.sides:
+        measured: dict[str, list[dict]] = {model: [] for model in args.models}
+        for round_index in range(max(1, args.rounds)):
+            for model in args.models if round_index % 2 == 0 else args.models[::-1]:
+                if f"{model}:{side}" in args.skip:
+                    if not measured[model]:
+                        measured[model].append({"status": "skipped", "note": "not run (--skip)"})
+                    continue
+                measured[model].append(_peer_point(model, side, args))
         for model in args.models:
-            result = {}
-            if f"{model}:{side}" in args.skip:
-                result = {"status": "skipped", "note": "not run (--skip)"}
-            for tiled in () if result else ("0", "1"):  # whole first; tiled only when whole does not fit the cap
-                worker_args = ["peers", "--worker", model, str(side), tiled, "--repeats", str(args.repeats)]
-                worker_args += ["--mem-limit-gb", str(args.mem_limit_gb)]
-                result = run_worker("nala_gen.bench.cli", worker_args, timeout=args.timeout)
-                if result["status"] != "oom":
-                    break
-            row = {"model": model, "lr_side": side, **costs[model], **result, "run": run}
+            row = {"model": model, "lr_side": side, **costs[model], **_median_process(measured[model]), "run": run}
             rows.append(row)
             shown = (
                 f"{row['latency_s']:7.2f} s  {row['megapixels_per_s']:.3f} MP/s  {row['gflop_per_mp']:7.1f} GFLOP/MP  "
                 f"{row['gflops_achieved']:5.1f} GFLOP/s  peak {row['process_peak_bytes'] / 2**20:,.0f} MiB"
                 + (f"  (tiled: {row['tiles']} tiles)" if row["tiled"] else "")
+                + (f"  rounds {', '.join(f'{t:.2f}' for t in row['rounds_latency_s'])} s" if args.rounds > 1 else "")
                 if row["status"] == "ok"
                 else f"{row['status']}: {row.get('note', '')[:80]}"
             )
@@ -440,7 +470,8 @@ def peers_main(argv: list[str] | None = None) -> int:
     if args.keep_others and previous.is_file():
         rows, costs = kept_rows(json.loads(previous.read_text()), rows, costs)
     psnr = ablation_psnr(args.out / "sr_ablation.json")
-    result = {"machine": machine_info("cpu"), "scale": 4, "repeats": args.repeats, "mem_limit_bytes": limit}
+    result = {"machine": machine_info("cpu"), "scale": 4, "repeats": args.repeats, "rounds": max(1, args.rounds)}
+    result["mem_limit_bytes"] = limit
     result["run"] = run
     result.update(costs=costs, rows=rows, ablation_psnr=psnr)
     args.out.mkdir(parents=True, exist_ok=True)
