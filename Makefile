@@ -48,9 +48,12 @@ bench: $(STAMP)
 	$(BIN)/nala-bench attention --backward --repeats 9
 	$(BIN)/nala-bench attention --contention --sizes 16384 71680 --methods nala nala_eager relu --repeats 9
 	$(BIN)/nala-bench steps
+	$(BIN)/nala-bench attention --sizes 62500 --methods nala --heads 8 --head-dim 18 --tag d18  # NaLaSR at 1 MP out
+	NALA_GEN_FUSED_ISA=avx2 $(BIN)/nala-bench attention --sizes 62500 --methods nala --heads 8 --head-dim 18 --tag d18_avx2
 	$(BIN)/nala-bench entropy
 	$(BIN)/nala-bench sr
 	$(BIN)/nala-bench peers --skip esrt:500  # ESRT at 4 MP out: over 20 minutes (quadratic attention)
+	$(BIN)/nala-bench peers --models nalasr srvgg --rounds 5 --keep-others  # the pair issue 20 compares, alternated
 	$(BIN)/nala-bench upscale --engines torch torch_eager onnxruntime
 	$(BIN)/nala-bench upscale-overhead
 	$(BIN)/nala-bench upscale-memory

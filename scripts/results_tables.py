@@ -382,7 +382,14 @@ def sr_peers_table() -> str:
         f"forward as the upscaling engine runs it (NaLaSR and ESRT through their inference graph; every network "
         f"with the engine's reused temporaries) unless marked tiled (the engine's auto tiles, 4 GiB budget); "
         f"median of {data['repeats']} runs "
-        f"after an untimed warm-up pass; fresh process per point; process peak = its `ru_maxrss` (libraries "
+        f"after an untimed warm-up pass; fresh process per point"
+        + (
+            f" (latest run: {data['rounds']} processes per point, the networks of a size alternated round by round; "
+            f"the row is the median process)"
+            if data.get("rounds", 1) > 1
+            else ""
+        )
+        + f"; process peak = its `ru_maxrss` (libraries "
         f"included) over the warm-up and timed passes, pass peak = that minus the process's RSS once the libraries, "
         f"weights and input were loaded; FLOPs counted on one more pass after those figures were read; "
         f"{cores(machine)}, torch {machine['torch']}.",
@@ -415,6 +422,7 @@ def sr_peers_table() -> str:
         )
     if earlier:
         lines += ["", f"‡ not rerun in the latest run ({latest}): from {', '.join(earlier)} (`--keep-others`)."]
+    lines += _paired_rounds(data["rows"], "nalasr", "srvgg")
     if psnr:
         lines += [
             "",
@@ -425,6 +433,22 @@ def sr_peers_table() -> str:
             ),
         ]
     return "\n".join(lines)
+
+
+def _paired_rounds(rows: list[dict], model: str, peer: str) -> list[str]:
+    """``model``'s speed relative to ``peer``'s round by round (the peer's time over the model's, both from the
+    same round of alternated processes), per size, where both rows kept their rounds."""
+    rounds = {(r["model"], r["lr_side"]): r["rounds_latency_s"] for r in rows if "rounds_latency_s" in r}
+    parts = []
+    for side in sorted({s for m, s in rounds if m == model}):
+        if (peer, side) not in rounds:
+            continue
+        ratios = sorted(p / m for m, p in zip(rounds[(model, side)], rounds[(peer, side)]))
+        shown = ", ".join(f"{x:.2f}" for x in ratios)
+        parts.append(f"{side}² LR: median {ratios[(len(ratios) - 1) // 2]:.2f}x ({shown})")
+    if not parts:
+        return []
+    return ["", f"{model}'s speed over {peer}'s, round by round (their times in the same round): " + "; ".join(parts)]
 
 
 def upscale_overhead_table() -> str:
