@@ -164,15 +164,14 @@ def nala_attention(
     dtype = v.dtype
     q, v = upcast(q), upcast(v)
     arguments = (cos, sin, gamma, float(lam), float(tau), scale, key_raw, eps_total)
-    if out is not None:
-        addend = empty if add is None else add
+
+    def run(keys: Tensor) -> tuple[Tensor, Tensor]:
+        if out is None:
+            return _FusedNaLa.apply(q, upcast(keys), v, *arguments)
         with torch.profiler.record_function("_FusedNaLa"):  # named in profiles as the autograd path's op is
-            key_max = _op.forward_into(q, upcast(k), v, *arguments, out, addend)
-            if key_raw and bool((key_max > RAW_KEY_LIMIT).any()):  # every row of out is written again
-                _op.forward_into(q, upcast(safe_keys("nala", k, **options)), v, *arguments, out, addend)
-        return out
-    run = lambda keys: _FusedNaLa.apply(q, upcast(keys), v, *arguments)  # noqa: E731
+            return out, _op.forward_into(q, upcast(keys), v, *arguments, out, empty if add is None else add)
+
     result, key_max = run(k)
-    if key_raw and bool((key_max > RAW_KEY_LIMIT).any()):
+    if key_raw and bool((key_max > RAW_KEY_LIMIT).any()):  # with out, every row of it is written again
         result, _ = run(safe_keys("nala", k, **options))
-    return result if result.dtype == dtype else result.to(dtype)
+    return result if out is not None or result.dtype == dtype else result.to(dtype)

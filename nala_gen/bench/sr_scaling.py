@@ -444,10 +444,11 @@ def peers_main(argv: list[str] | None = None) -> int:
         net = build(model)
         costs[model] = {"arch": ARCHS[model][0], "params": sum(p.numel() for p in net.parameters())}
     run = run_stamp()
+    rounds = max(1, args.rounds)
     rows = []
     for side in args.sides:
         measured: dict[str, list[dict]] = {model: [] for model in args.models}
-        for round_index in range(max(1, args.rounds)):
+        for round_index in range(rounds):
             for model in args.models if round_index % 2 == 0 else args.models[::-1]:
                 if f"{model}:{side}" in args.skip:
                     if not measured[model]:
@@ -461,7 +462,7 @@ def peers_main(argv: list[str] | None = None) -> int:
                 f"{row['latency_s']:7.2f} s  {row['megapixels_per_s']:.3f} MP/s  {row['gflop_per_mp']:7.1f} GFLOP/MP  "
                 f"{row['gflops_achieved']:5.1f} GFLOP/s  peak {row['process_peak_bytes'] / 2**20:,.0f} MiB"
                 + (f"  (tiled: {row['tiles']} tiles)" if row["tiled"] else "")
-                + (f"  rounds {', '.join(f'{t:.2f}' for t in row['rounds_latency_s'])} s" if args.rounds > 1 else "")
+                + (f"  rounds {', '.join(f'{t:.2f}' for t in row['rounds_latency_s'])} s" if rounds > 1 else "")
                 if row["status"] == "ok"
                 else f"{row['status']}: {row.get('note', '')[:80]}"
             )
@@ -470,7 +471,7 @@ def peers_main(argv: list[str] | None = None) -> int:
     if args.keep_others and previous.is_file():
         rows, costs = kept_rows(json.loads(previous.read_text()), rows, costs)
     psnr = ablation_psnr(args.out / "sr_ablation.json")
-    result = {"machine": machine_info("cpu"), "scale": 4, "repeats": args.repeats, "rounds": max(1, args.rounds)}
+    result = {"machine": machine_info("cpu"), "scale": 4, "repeats": args.repeats, "rounds": rounds}
     result["mem_limit_bytes"] = limit
     result["run"] = run
     result.update(costs=costs, rows=rows, ablation_psnr=psnr)

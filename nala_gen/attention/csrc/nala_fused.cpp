@@ -288,12 +288,15 @@ static std::pair<at::Tensor, at::Tensor> key_pass(const Kernels& K, const Proble
   return {kv_state, key_max};
 }
 
-// Query pass: out rows (through `outr`, any strides) = the attention of each query, plus the row of `addr` when
-// given; the clamped denominators go to `den_p` when it is not null. Each tile of queries is independent.
+// Query pass: rows of `out` (any strides) = the attention of each query, plus the row of `addend` when it is
+// defined and not empty; the clamped denominators go to `den_p` when it is not null. Each tile of queries is
+// independent.
 static void query_pass(const Kernels& K, const Problem& P, const at::Tensor& q, const at::Tensor& kv_state,
-                       const Rows& outr, const Rows* addr, float* den_p) {
+                       const at::Tensor& out, const at::Tensor& addend, float* den_p) {
   const int F = P.F, DVp = P.DVp, Dp = P.spec.Dp;
-  const Rows qr(q);
+  const Rows qr(q), outr(out);
+  const bool add = addend.defined() && addend.numel() > 0;
+  const Rows addr(add ? addend : out);  // read only when add
   const int64_t state = (int64_t)F * DVp + F;
   const float* state_p = kv_state.data_ptr<float>();
   const int64_t q_tiles = (P.Nq + kTile - 1) / kTile;
@@ -317,8 +320,8 @@ static void query_pass(const Kernels& K, const Problem& P, const at::Tensor& q, 
         float* o = outr.mut(bh, t0 + t);
         const float* row = s.outs + t * DVp;
         const float inv = 1.0f / denominator;
-        if (addr) {
-          const float* a = addr->at(bh, t0 + t);
+        if (add) {
+          const float* a = addr.at(bh, t0 + t);
           for (int j = 0; j < P.dv; ++j) o[j] = row[j] * inv + a[j];
         } else {
           for (int j = 0; j < P.dv; ++j) o[j] = row[j] * inv;
@@ -339,7 +342,7 @@ std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, 
   auto [kv_state, key_max] = key_pass(K, P, k, v);
   at::Tensor out = at::empty({q.size(0), q.size(1), q.size(2), P.dv}, q.options());
   at::Tensor den = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
-  query_pass(K, P, q, kv_state, Rows(out), nullptr, den.data_ptr<float>());
+  query_pass(K, P, q, kv_state, out, at::Tensor(), den.data_ptr<float>());
   return {out, den, kv_state, key_max};
 }
 
@@ -354,18 +357,15 @@ at::Tensor forward_into(const at::Tensor& q_in, const at::Tensor& k_in, const at
   const Kernels& K = kernels((int)q.size(3), (int)v.size(3));
   const Problem P = make_problem(K.width, q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
   const std::vector<int64_t> shape = {q.size(0), q.size(1), q.size(2), v.size(3)};
-  TORCH_CHECK(out.dim() == 4 && out.sizes() == at::IntArrayRef(shape) && out.scalar_type() == at::kFloat &&
-                  out.device().is_cpu() && out.stride(3) == 1,
-              "out must be a float32 CPU tensor (B, heads, N_q, dv) with a contiguous last dimension");
-  const bool add = addend.defined() && addend.numel() > 0;
-  if (add) {
-    TORCH_CHECK(addend.dim() == 4 && addend.sizes() == at::IntArrayRef(shape) &&
-                    addend.scalar_type() == at::kFloat && addend.device().is_cpu() && addend.stride(3) == 1,
-                "addend must be a float32 CPU tensor shaped as out with a contiguous last dimension");
-  }
+  const auto check = [&shape](const at::Tensor& t) {
+    TORCH_CHECK(t.dim() == 4 && t.sizes() == at::IntArrayRef(shape) && t.scalar_type() == at::kFloat &&
+                    t.device().is_cpu() && t.stride(3) == 1,
+                "out and addend must be float32 CPU tensors (B, heads, N_q, dv) with a contiguous last dimension");
+  };
+  check(out);
+  if (addend.defined() && addend.numel() > 0) check(addend);
   auto [kv_state, key_max] = key_pass(K, P, k, v);
-  const Rows addr = add ? Rows(addend) : Rows(out);
-  query_pass(K, P, q, kv_state, Rows(out), add ? &addr : nullptr, nullptr);
+  query_pass(K, P, q, kv_state, out, addend, nullptr);
   return key_max;
 }
 
