@@ -13,7 +13,7 @@ from typing import BinaryIO
 
 # Image files every command reads (nala-sr's inputs, nala-gen's class folders), by suffix.
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
-# Videos nala-sr upscales frame by frame (nala_gen.sr.video), by suffix.
+# Videos nala-sr upscales frame by frame (nala_gen.sr.jobs.video), by suffix.
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi")
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from nala_gen.sr.models import export_checkpoint
+from nala_gen.sr.loading import export_checkpoint
 
 # How the shipped runs actually went on this machine (kept on each card, so the times above can be read right).
 ONE_THREAD = "one thread each (OMP_NUM_THREADS=1) on 2 shared vCPUs"

@@ -19,7 +19,7 @@ import numpy as np
 
 from nala_gen.bench.upscale_memory import stand_in_network
 from nala_gen.profiling import current_rss
-from nala_gen.sr.upscaler import Upscaler
+from nala_gen.sr.upscale.engine import Upscaler
 
 
 def photo_like(side: int) -> np.ndarray:

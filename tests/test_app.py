@@ -64,7 +64,7 @@ def make_tiny_weights(folder: Path) -> Path:
     from diffusers import DDIMScheduler
 
     from nala_gen.diffusion import NaLaDiTPipeline, NaLaDiTTransformer2DModel
-    from nala_gen.sr.models import build_arch
+    from nala_gen.sr.loading import build_arch
     from nala_gen.weights import write_weights
 
     torch.manual_seed(0)

@@ -139,10 +139,10 @@ def test_sr_ablation_peers_are_basicsr_networks_at_their_published_sizes():
     import yaml
 
     from nala_gen.bench import sr_ablation
-    from nala_gen.sr.models import build_arch
+    from nala_gen.sr.loading import build_arch
 
     base = yaml.safe_load(sr_ablation.BASE_OPTION.read_text())
-    from nala_gen.sr.peers import peer_network
+    from nala_gen.sr.archs.peers import peer_network
 
     # 1.21 M, 1.52 M, 0.93 M, 16.7 M as published
     expected = {"srvgg": 1_213_296, "edsr": 1_517_571, "swinir": 929_628, "rrdb": 16_697_987}
@@ -164,7 +164,7 @@ def test_srvgg_zero_init_starts_as_its_nearest_neighbour_base_with_a_signal_thro
     import yaml
 
     from nala_gen.bench import sr_ablation
-    from nala_gen.sr.models import build_arch
+    from nala_gen.sr.loading import build_arch
 
     base = yaml.safe_load(sr_ablation.BASE_OPTION.read_text())
     network = dict(sr_ablation.ablation_option(base, "srvgg_zero_init", 1000)["network_g"])
@@ -303,7 +303,7 @@ def test_peers_profile_names_the_operators_and_layers_that_take_the_time(tmp_pat
     shares = [r["share"] for r in result["ops"]]
     assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
     layers = {r["layer"]: r for r in result["layers"]}
-    # the layers of the network as the board runs it: its inference graph (nala_gen.sr.inference_graph)
+    # the layers of the network as the board runs it: its inference graph (nala_gen.sr.upscale.inference_graph)
     assert layers["body"]["type"] == "FoldedBody" and layers["body.hpbs.0"]["type"] == "FoldedHPB"
     assert layers["body.transformer"]["ms"] < layers["body"]["ms"]  # a layer's time includes its children's
 
@@ -401,7 +401,7 @@ def test_dit_ablation_trains_scores_adopts_and_reports_on_a_tiny_budget(tmp_path
 
 
 def test_every_network_on_the_board_has_a_published_entry_with_its_source():
-    from nala_gen.sr.peers import PEERS, PUBLISHED_X4
+    from nala_gen.sr.archs.peers import PEERS, PUBLISHED_X4
 
     assert set(PUBLISHED_X4) == {*PEERS, "nalasr", "esrt"}
     for entry in PUBLISHED_X4.values():

@@ -115,7 +115,7 @@ def test_a_pipeline_with_nan_weights_is_refused(tmp_path):
 
 def test_sr_weights_with_nan_are_refused(tmp_path):
 
-    from nala_gen.sr.models import build_arch
+    from nala_gen.sr.loading import build_arch
     from nala_gen.weights import write_weights
 
     config = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
@@ -130,9 +130,9 @@ def test_sr_weights_with_nan_are_refused(tmp_path):
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16])
 def test_gray_alpha_stays_gray(tmp_path, dtype):
-    from nala_gen.sr.imageio import read_image, write_image_atomic
-    from nala_gen.sr.models import build_arch
-    from nala_gen.sr.upscaler import Upscaler
+    from nala_gen.sr.loading import build_arch
+    from nala_gen.sr.upscale.engine import Upscaler
+    from nala_gen.sr.upscale.imageio import read_image, write_image_atomic
 
     rng = np.random.default_rng(1)
     top = np.iinfo(dtype).max
@@ -155,7 +155,7 @@ def test_a_signal_mid_batch_ends_in_one_line_and_leaves_no_temporary_file(tmp_pa
     import signal
     import time
 
-    from nala_gen.sr.models import build_arch
+    from nala_gen.sr.loading import build_arch
     from nala_gen.weights import write_weights
 
     config = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
@@ -193,7 +193,7 @@ def test_unknown_devices_are_one_line_errors(tmp_path, device):
 
 
 def test_an_unwritable_output_is_reported_per_image_and_the_batch_goes_on(tmp_path):
-    from nala_gen.sr.models import build_arch
+    from nala_gen.sr.loading import build_arch
     from nala_gen.weights import write_weights
 
     config = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
@@ -310,7 +310,7 @@ def test_a_garbage_checkpoint_and_a_symlink_loop_are_one_line_errors(tmp_path):
     )
     one_line_error(proc, "not a readable PyTorch checkpoint")
     (tmp_path / "loop.png").symlink_to(tmp_path / "loop.png")
-    from nala_gen.sr.imageio import ImageError, read_image
+    from nala_gen.sr.upscale.imageio import ImageError, read_image
 
     with pytest.raises(ImageError, match="cannot read"):
         read_image(tmp_path / "loop.png")

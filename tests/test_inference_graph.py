@@ -1,4 +1,4 @@
-"""The faster inference graph (nala_gen.sr.inference_graph) computes the plain forward's function."""
+"""The faster inference graph (nala_gen.sr.upscale.inference_graph) computes the plain forward's function."""
 
 import numpy as np
 import pytest
@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nala_gen.sr import inference_graph as graph_module
-from nala_gen.sr.esrt_arch import ESRT
-from nala_gen.sr.inference_graph import REACH_PROBES, ComposedUpsampler, compose_chain, inference_graph
-from nala_gen.sr.nalasr_arch import NaLaSR
-from nala_gen.sr.upscaler import Upscaler
+from nala_gen.sr.archs.esrt_arch import ESRT
+from nala_gen.sr.archs.nalasr_arch import NaLaSR
+from nala_gen.sr.upscale import inference_graph as graph_module
+from nala_gen.sr.upscale.engine import Upscaler
+from nala_gen.sr.upscale.inference_graph import REACH_PROBES, ComposedUpsampler, compose_chain, inference_graph
 
 TOL = 1e-5
 
@@ -143,7 +143,7 @@ def test_negative_and_zero_residual_scales_are_not_folded_through_relu():
 
 
 def test_graph_is_faithful_on_the_shipped_weights():
-    from nala_gen.sr.models import load_sr_model
+    from nala_gen.sr.loading import load_sr_model
 
     for name in ("nalasr-light-x4", "esrt-x4"):
         net = load_sr_model(name, 4)[0].to(memory_format=torch.channels_last)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from nala_gen.sr.esrt_arch import ESRT
-from nala_gen.sr.nalasr_arch import NaLaSR
+from nala_gen.sr.archs.esrt_arch import ESRT
+from nala_gen.sr.archs.nalasr_arch import NaLaSR
 
 
 @pytest.mark.parametrize(
@@ -39,8 +39,8 @@ def test_save_and_load_pretrained_round_trip(tmp_path, monkeypatch, cls, config)
 @pytest.mark.parametrize("name", ["nalasr-light-x4", "nalasr-light-x2", "esrt-x4"])
 def test_spandrel_loads_the_shipped_weights(name):
     spandrel = pytest.importorskip("spandrel")
-    from nala_gen.sr import spandrel_support
-    from nala_gen.sr.models import load_sr_model
+    from nala_gen.sr.interop import spandrel_support
+    from nala_gen.sr.loading import load_sr_model
     from nala_gen.weights import resolve
 
     spandrel_support.register()
@@ -59,7 +59,7 @@ def test_spandrel_reads_the_block_switches_from_the_weights(tmp_path):
     spandrel = pytest.importorskip("spandrel")
     from safetensors.torch import save_file
 
-    from nala_gen.sr import spandrel_support
+    from nala_gen.sr.interop import spandrel_support
 
     spandrel_support.register()
     model = NaLaSR(num_feat=16, num_block=2, num_et=2, upscale=3, lepe=False, gate=False)
@@ -74,8 +74,8 @@ def test_onnx_export_matches_pytorch_and_drives_the_upscaler(tmp_path):
     pytest.importorskip("onnxruntime")
     import numpy as np
 
-    from nala_gen.sr.onnx_export import OnnxSR, export_onnx, parity
-    from nala_gen.sr.upscaler import Upscaler
+    from nala_gen.sr.interop.onnx_export import OnnxSR, export_onnx, parity
+    from nala_gen.sr.upscale.engine import Upscaler
 
     torch.manual_seed(0)
     model = NaLaSR(num_feat=16, num_block=1, num_heads=4, upscale=2).eval()

@@ -118,7 +118,7 @@ def test_a_tracked_gamma_follows_the_median_query_norm_and_is_not_trained():
 
 def test_both_models_take_the_option():
     from nala_gen.diffusion import NaLaDiTTransformer2DModel
-    from nala_gen.sr.nalasr_arch import NaLaSR
+    from nala_gen.sr.archs.nalasr_arch import NaLaSR
 
     sr = NaLaSR(num_feat=16, num_block=1, num_heads=4, upscale=2, norm_scale="learned")
     assert any(name.endswith("log_norm_scale") for name, _ in sr.named_parameters())

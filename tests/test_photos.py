@@ -5,8 +5,8 @@ import json
 import cv2
 import numpy as np
 
-from nala_gen.sr.imageio import write_image_atomic
-from nala_gen.sr.photos import Picture, assign_splits, dep5_licence, mate_pictures, plasma_pictures, prepare_photos
+from nala_gen.sr.data.photos import Picture, assign_splits, dep5_licence, mate_pictures, plasma_pictures, prepare_photos
+from nala_gen.sr.upscale.imageio import write_image_atomic
 
 
 def photo(seed, h=300, w=400):

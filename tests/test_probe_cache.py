@@ -1,4 +1,4 @@
-"""The auto-tile probes kept across processes (nala_gen.sr.probe_cache): read, written, keyed and never in the way."""
+"""The auto-tile probes kept across processes (nala_gen.sr.upscale.probe_cache): read, written, keyed, harmless."""
 
 import json
 import os
@@ -11,9 +11,10 @@ import torch
 from PIL import Image
 
 from nala_gen.bench.upscale_memory import stand_in_network
-from nala_gen.sr import probe_cache, upscaler
-from nala_gen.sr.nalasr_arch import NaLaSR
-from nala_gen.sr.upscaler import PROBE_SIDES, MemoryBudgetError, Upscaler
+from nala_gen.sr.archs.nalasr_arch import NaLaSR
+from nala_gen.sr.upscale import engine as upscaler
+from nala_gen.sr.upscale import probe_cache
+from nala_gen.sr.upscale.engine import PROBE_SIDES, MemoryBudgetError, Upscaler
 
 MIB = 2**20
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-import nala_gen.sr.basicsr_registry  # noqa: F401  (registers the archs before basicsr is imported)
+import nala_gen.sr.basicsr  # noqa: F401  (registers the archs before basicsr is imported)
 from nala_gen.attention import kernel_names  # noqa: E402
 from nala_gen.profiling import PeakMemory  # noqa: E402
 from nala_gen.sr.data import prepare_benchmark, prepare_div2k, prepare_mini  # noqa: E402
@@ -55,7 +55,7 @@ def test_parameter_counts_match_esrt_as_published(scale):
 
 
 def test_esrt_attention_is_split_softmax_with_its_published_scale():
-    from nala_gen.sr.esrt_arch import EMHA, split_softmax_attention
+    from nala_gen.sr.archs.esrt_arch import EMHA, split_softmax_attention
 
     emha = EMHA(288, 8, 4)
     assert emha.scale == 36**-0.5 and emha.reduce.bias is None and emha.qkv.bias is None
@@ -109,7 +109,7 @@ def attention_peak(attention, tokens: int) -> int:
 
 def test_nala_memory_grows_linearly_emha_quadratically():
     from nala_gen.attention import linear_attention
-    from nala_gen.sr.esrt_arch import split_softmax_attention
+    from nala_gen.sr.archs.esrt_arch import split_softmax_attention
 
     # 4x the tokens: NaLa's extra memory grows ~4x (output + fixed-size chunks), ESRT's EMHA ~16x.
     def nala(q, k, v):
@@ -308,7 +308,7 @@ def test_the_x2_photo_stage_trains_as_the_x4_one():
 
 def test_evaluate_bicubic_and_a_model(mini_root, tmp_path):
     from nala_gen.sr.evaluate import evaluate
-    from nala_gen.sr.models import build_arch
+    from nala_gen.sr.loading import build_arch
     from nala_gen.weights import write_weights
 
     config = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
@@ -325,8 +325,8 @@ def test_evaluate_keeps_to_its_memory_budget(mini_root, tmp_path):
     """The budget reaches the upscaler: ample, tiled scores match the whole-image ones; too small, a one-line
     error before any work (the ablation scores the photos with a fixed budget so that two runs fit the host)."""
     from nala_gen.sr.evaluate import evaluate
-    from nala_gen.sr.models import build_arch
-    from nala_gen.sr.upscaler import MemoryBudgetError
+    from nala_gen.sr.loading import build_arch
+    from nala_gen.sr.upscale.engine import MemoryBudgetError
     from nala_gen.weights import write_weights
 
     config = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}

@@ -11,9 +11,9 @@ from PIL import Image
 
 from nala_gen.profiling import PeakMemory
 from nala_gen.sr.cli import main
-from nala_gen.sr.imageio import read_image, write_image_atomic
-from nala_gen.sr.models import build_arch
-from nala_gen.sr.upscaler import MIN_TILE, Upscaler, feather, tile_starts, tokens_within
+from nala_gen.sr.loading import build_arch
+from nala_gen.sr.upscale.engine import MIN_TILE, Upscaler, feather, tile_starts, tokens_within
+from nala_gen.sr.upscale.imageio import read_image, write_image_atomic
 from nala_gen.weights import WeightsError, resolve, write_weights
 
 TINY = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
@@ -189,7 +189,7 @@ def test_memory_model_solves_quadratic_costs_and_bounds_linear_ones():
 def test_auto_tiles_keep_a_quadratic_model_within_its_budget():
     # ESRT's split softmax grows with the square of the tokens, which small probes hardly show (x1.1 from 48 to
     # 96 px): a power law through them chose 124 px tiles for a 1 GiB budget, whose pass took 1.43 GiB.
-    from nala_gen.sr.models import load_sr_model
+    from nala_gen.sr.loading import load_sr_model
 
     model, _ = load_sr_model("esrt-x4", 4)
     engine = Upscaler(model, 4, memory_budget=2**30)
@@ -315,7 +315,7 @@ def test_tiled_and_untiled_agree_with_the_shipped_model():
     # local-model test).
     from pathlib import Path
 
-    from nala_gen.sr.models import load_sr_model
+    from nala_gen.sr.loading import load_sr_model
 
     model, _ = load_sr_model("nalasr-light-x4", 4)
     lr = read_image(Path(__file__).resolve().parents[1] / "assets" / "chelsea_lr_x4.png")
@@ -358,8 +358,8 @@ def test_upscaling_imports_neither_basicsr_nor_torchvision(tmp_path, weights):
 def test_a_window_attention_network_takes_any_size(size):
     # BasicSR's SwinIR needs sides that are multiples of its window: the engine reflect-pads the input and crops the
     # output back (as SwinIR's own test code does), so any image size upscales to exactly scale x its size.
-    from nala_gen.sr.models import build_arch
-    from nala_gen.sr.upscaler import Upscaler, size_multiple
+    from nala_gen.sr.loading import build_arch
+    from nala_gen.sr.upscale.engine import Upscaler, size_multiple
 
     torch.manual_seed(0)
     config = {"upscale": 2, "img_size": 16, "window_size": 4, "embed_dim": 12, "depths": [1], "num_heads": [2],

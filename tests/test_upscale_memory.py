@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from nala_gen.bench.upscale_memory import stand_in_network
-from nala_gen.sr.imageio import read_image
-from nala_gen.sr.resample import INTERPOLATIONS, RowResizer, resize_rows
-from nala_gen.sr.upscaler import MemoryBudgetError, Upscaler
+from nala_gen.sr.upscale.engine import MemoryBudgetError, Upscaler
+from nala_gen.sr.upscale.imageio import read_image
+from nala_gen.sr.upscale.resample import INTERPOLATIONS, RowResizer, resize_rows
 
 MIB = 2**20
 LocalSR = stand_in_network  # the memory of the job, not of the network, is under test here
@@ -102,7 +102,7 @@ import json, sys
 sys.path.insert(0, sys.argv[1])
 from test_upscale_memory import smooth
 from nala_gen.bench.upscale_memory import stand_in_network as LocalSR
-from nala_gen.sr.upscaler import Upscaler
+from nala_gen.sr.upscale.engine import Upscaler
 engine = Upscaler(LocalSR(), 4, memory_budget=64 * 2**20)
 print(json.dumps(engine.upscale_to_file(smooth((1000, 1000, 3)), sys.argv[2]).as_dict()))
 """

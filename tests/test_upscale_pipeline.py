@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from nala_gen.sr.imageio import read_image, write_image_atomic
-from nala_gen.sr.models import build_arch
-from nala_gen.sr.upscaler import Upscaler
+from nala_gen.sr.loading import build_arch
+from nala_gen.sr.upscale.engine import Upscaler
+from nala_gen.sr.upscale.imageio import read_image, write_image_atomic
 from nala_gen.weights import write_weights
 
 TINY = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nala_gen.sr.imageio import read_image, write_image_atomic
+from nala_gen.sr.upscale.imageio import read_image, write_image_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow

@@ -1,6 +1,6 @@
 """What the web app computes, without any UI: upscaling and generation through the library's own code paths.
 
-Upscaling goes through :class:`nala_gen.sr.upscaler.Upscaler` and :func:`nala_gen.sr.models.load_sr_model` (the
+Upscaling goes through :class:`nala_gen.sr.upscale.engine.Upscaler` and :func:`nala_gen.sr.loading.load_sr_model` (the
 engine of ``nala-sr upscale``); generation through ``nala-gen sample``'s loader, scheduler switch and grid. Every
 problem a user can cause raises :class:`UserError` with a one-line message the UI shows as it is.
 """
@@ -155,7 +155,7 @@ class Engine:
 
     # ---------------------------------------------------------------------------------------------- upscaling
     def _sr_model(self, name: str):
-        from nala_gen.sr.models import load_sr_model
+        from nala_gen.sr.loading import load_sr_model
         from nala_gen.weights import WeightsError
 
         known = {n: s for n, s, _ in self.sr_models()}
@@ -174,7 +174,7 @@ class Engine:
 
     def read_input(self, path: str | Path | None) -> np.ndarray:
         """The uploaded image, with the pixel limit; messages name the upload, not the server's temp path."""
-        from nala_gen.sr.imageio import ImageError, read_image
+        from nala_gen.sr.upscale.imageio import ImageError, read_image
 
         if not path:
             raise UserError("no image: upload one (or click the example below the upload box)")
@@ -202,8 +202,8 @@ class Engine:
         Returns:
             (input as read, result at the output size, readout dict, path of the result as PNG)
         """
-        from nala_gen.sr.imageio import write_image_atomic
-        from nala_gen.sr.upscaler import Upscaler
+        from nala_gen.sr.upscale.engine import Upscaler
+        from nala_gen.sr.upscale.imageio import write_image_atomic
 
         if not model:
             installed = ", ".join(f"{n} (x{s})" for n, s, _ in self.sr_models())
@@ -244,8 +244,8 @@ class Engine:
 
         Returns (readout dict, path of the result as MP4).
         """
-        from nala_gen.sr.upscaler import Upscaler
-        from nala_gen.sr.video import VideoError, probe, upscale_video
+        from nala_gen.sr.jobs.video import VideoError, probe, upscale_video
+        from nala_gen.sr.upscale.engine import Upscaler
 
         if not path:
             raise UserError("no video: upload one")

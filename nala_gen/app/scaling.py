@@ -132,7 +132,7 @@ def _live_fn(method: str, tokens: int):
     import torch
 
     from nala_gen.bench.attention_scaling import method_fn
-    from nala_gen.sr.esrt_arch import split_softmax_attention
+    from nala_gen.sr.archs.esrt_arch import split_softmax_attention
 
     if method == "naladit_step":
         from nala_gen.diffusion import NaLaDiTTransformer2DModel
@@ -152,7 +152,7 @@ def _live_fn(method: str, tokens: int):
 
 
 def live_budget() -> int:
-    from nala_gen.sr.upscaler import available_memory
+    from nala_gen.sr.upscale.engine import available_memory
 
     return min(LIVE_BUDGET_BYTES, available_memory(__import__("torch").device("cpu")))
 

@@ -103,7 +103,7 @@ def _scale_choices(models: list[tuple[str, int, str]]) -> list[str]:
 
 def _preferred_model(choices: list[tuple[str, str]], scale: int | None) -> str | None:
     """The scale's default model (NaLaSR, as ``nala-sr upscale``) when installed, else the first one."""
-    from nala_gen.sr.models import DEFAULT_MODELS
+    from nala_gen.sr.loading import DEFAULT_MODELS
 
     names = [name for _, name in choices]
     default = DEFAULT_MODELS.get(scale)

@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 
 from nala_gen.bench.ablation_runs import Busy, run_lock, seed_statistics, write_row
-from nala_gen.sr.peers import PEERS, peer_network
+from nala_gen.sr.archs.peers import PEERS, peer_network
 
 BASE_OPTION = Path("options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml")
 ESRT_NETWORK = {"type": "ESRT", "upscale": 4, "num_feat": 32, "num_block": 3, "num_et": 1, "num_heads": 8}
@@ -61,7 +61,7 @@ VARIANTS: dict[str, dict] = {
     "no_lepe": {"lepe": False},
     "no_gate": {"gate": False},
     **{name: peer_network(name) for name in PEERS},  # whole networks: the peer board's, trained the same way
-    # SRVGGNetCompact started from its nearest-neighbour base (nala_gen.sr.srvgg_zero_init_arch): with BasicSR's
+    # SRVGGNetCompact started from its nearest-neighbour base (nala_gen.sr.archs.srvgg_zero_init_arch): with BasicSR's
     # init it learns nothing at this budget
     "srvgg_zero_init": {**peer_network("srvgg"), "type": "SRVGGNetCompactZeroInit"},
 }

@@ -32,7 +32,7 @@ import torch
 
 from nala_gen.bench.common import limit_memory, machine_info, rows_not_rerun, run_stamp, run_worker, write_cost_results
 from nala_gen.profiling import PeakMemory
-from nala_gen.sr.peers import PEERS, peer_network
+from nala_gen.sr.archs.peers import PEERS, peer_network
 
 SIZES = ("64x64", "128x128", "192x192", "256x280", "320x320")
 MODELS = ("nalasr", "esrt", "swinir")
@@ -44,12 +44,12 @@ FLOPS_SIZE = (64, 64)
 ARCHS = {"nalasr": ("NaLaSR", {}), "esrt": ("ESRT", {}), **PEERS}
 # the sr-ablation variant that trains each network on the equal budget (its PSNR goes on the Pareto plot)
 # board network -> the sr-ablation variant that gives its quality; SRVGGNetCompact's is the zero-init run (the same
-# network: with BasicSR's init it learns nothing at the equal budget, see nala_gen.sr.srvgg_zero_init_arch)
+# network: with BasicSR's init it learns nothing at the equal budget, see nala_gen.sr.archs.srvgg_zero_init_arch)
 ABLATION_VARIANT = {"nalasr": "nala", "esrt": "emha", "srvgg": "srvgg_zero_init", "edsr": "edsr", "swinir": "swinir"}
 
 
 def build(model: str, scale: int = 4) -> torch.nn.Module:
-    from nala_gen.sr.models import build_arch
+    from nala_gen.sr.loading import build_arch
 
     if model in PEERS:
         network = peer_network(model, scale)
@@ -191,7 +191,7 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
     import resource
 
     from nala_gen.profiling import current_rss, reused_large_temporaries
-    from nala_gen.sr.inference_graph import inference_graph
+    from nala_gen.sr.upscale.inference_graph import inference_graph
 
     limit_memory(mem_limit)
     torch.manual_seed(0)
@@ -203,7 +203,7 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
         if tiled:
             import numpy as np
 
-            from nala_gen.sr.upscaler import Upscaler
+            from nala_gen.sr.upscale.engine import Upscaler
 
             engine = Upscaler(net, 4, "cpu", memory_budget=4 * 2**30)
             img = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
@@ -252,7 +252,7 @@ def profile_worker(model: str, side: int, repeats: int) -> dict:
     runs it."""
     from nala_gen.bench.sr_profile import profile_forward
     from nala_gen.profiling import reused_large_temporaries
-    from nala_gen.sr.inference_graph import inference_graph
+    from nala_gen.sr.upscale.inference_graph import inference_graph
 
     torch.manual_seed(0)
     net = inference_graph(build(model).eval().to(memory_format=torch.channels_last))

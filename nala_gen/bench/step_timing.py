@@ -35,7 +35,7 @@ def _step_fn(step: str):
 
     torch.manual_seed(0)
     if step.startswith("nalasr"):
-        from nala_gen.sr.models import load_sr_model
+        from nala_gen.sr.loading import load_sr_model
 
         net, _ = load_sr_model("nalasr-light-x4", 4)
         if step == "nalasr_upscale":

@@ -59,8 +59,8 @@ def sr_queries_keys(name: str, crop: int = 48, option: str | None = None) -> Rec
     """The attention calls while ``name`` (named weights, or a checkpoint with its ``option`` file) upscales the
     centre crop x crop of the LR sample."""
     from nala_gen.attention import record_queries_keys
-    from nala_gen.sr.imageio import read_image
-    from nala_gen.sr.models import load_sr_model
+    from nala_gen.sr.loading import load_sr_model
+    from nala_gen.sr.upscale.imageio import read_image
 
     net, _ = load_sr_model(name, 4, option)
     img = read_image(SR_SAMPLE)

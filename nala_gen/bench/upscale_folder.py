@@ -1,14 +1,14 @@
 """Folder jobs: images per second of ``nala-sr upscale``'s job loop on many images, path against path.
 
 Two made folders (crops of the bundled sample at two LR sizes, PNG in, PNG out at x4) run through the job loop
-that ``nala-sr upscale`` runs (:class:`nala_gen.sr.folder_job.FolderJob`), in four ways:
+that ``nala-sr upscale`` runs (:class:`nala_gen.sr.jobs.folder.FolderJob`), in four ways:
 
 * ``sequential``: read, upscale, write in turn (``--io-threads 0``), one process with every core's threads;
 * ``pipelined``: the next image decoded and the last one encoded while the network runs (the default);
 * ``batched``: pipelined, and images of one size through the network together (``--batch auto``);
 * ``2 processes``: the inputs split across two processes as under ``torchrun --nproc-per-node 2`` (every second
   input each, pipelined), one thread each;
-* ``video``: the same pictures as the frames of one clip (H.264 in and out, :mod:`nala_gen.sr.video`), in frames
+* ``video``: the same pictures as the frames of one clip (H.264 in and out, :mod:`nala_gen.sr.jobs.video`), in frames
   per second: what streaming a video costs beside the image path.
 
 Each point is fresh processes that load the shipped weights and warm up on one image before the clock starts
@@ -49,7 +49,7 @@ def make_folder(folder: Path, count: int, side: int) -> list[Path]:
     from PIL import Image
 
     from nala_gen.sr.demo import SAMPLE
-    from nala_gen.sr.imageio import write_image_atomic
+    from nala_gen.sr.upscale.imageio import write_image_atomic
 
     with Image.open(SAMPLE) as img:
         photo = img.convert("RGB")
@@ -68,7 +68,7 @@ def clip_of(pictures: list[Path], path: Path, rate: int = 24) -> Path:
     """The pictures as the frames of one H.264 clip (CRF 18, no audio)."""
     import av
 
-    from nala_gen.sr.imageio import read_image
+    from nala_gen.sr.upscale.imageio import read_image
 
     with av.open(str(path), "w") as out:
         stream = out.add_stream("libx264", rate=rate, options={"crf": "18"})
@@ -86,16 +86,16 @@ def worker(model: str, folder: str, out: str, io_threads: int, batch: str, rank:
     import torch
 
     from nala_gen.sr.cli import collect_inputs
-    from nala_gen.sr.folder_job import FolderJob
-    from nala_gen.sr.imageio import read_image
-    from nala_gen.sr.models import load_sr_model
-    from nala_gen.sr.upscaler import Upscaler
+    from nala_gen.sr.jobs.folder import FolderJob
+    from nala_gen.sr.loading import load_sr_model
+    from nala_gen.sr.upscale.engine import Upscaler
+    from nala_gen.sr.upscale.imageio import read_image
 
     net, _ = load_sr_model(model, 4)
     # The CLI's default tile ("auto"), with a fixed budget so that the plan is the same on every run.
     engine = Upscaler(net, 4, memory_budget=BUDGET, batch=batch if batch == "auto" else int(batch))
     if Path(folder).is_file():  # the video path
-        from nala_gen.sr.video import upscale_video
+        from nala_gen.sr.jobs.video import upscale_video
 
         engine.upscale(read_image(collect_inputs([Path(folder).with_suffix("")])[0]))  # warm-up, as below
         start = time.time()

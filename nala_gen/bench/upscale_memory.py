@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     args = parser.parse_args(argv)
 
-    from nala_gen.sr.imageio import read_image, write_image_atomic
+    from nala_gen.sr.upscale.imageio import read_image, write_image_atomic
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

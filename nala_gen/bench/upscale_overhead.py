@@ -40,9 +40,9 @@ def phase_worker(model: str, path: str, repeats: int) -> dict:
     import torch
 
     marks.append(clock())
-    from nala_gen.sr.imageio import read_image
-    from nala_gen.sr.models import load_sr_model
-    from nala_gen.sr.upscaler import Upscaler
+    from nala_gen.sr.loading import load_sr_model
+    from nala_gen.sr.upscale.engine import Upscaler
+    from nala_gen.sr.upscale.imageio import read_image
 
     marks.append(clock())
     net, info = load_sr_model(model, None)

@@ -13,7 +13,7 @@ every row says which run measured it.
 before/after of that op on the whole job. With ``--engines torch onnxruntime`` each NaLaSR point also runs through
 onnxruntime: the network exported once (``nala-sr export-onnx``, not timed) and driven by the same engine (tiles,
 blending), so the two runtimes are compared side by side on the same job. ESRT does not export to ONNX (see
-:mod:`nala_gen.sr.onnx_export`).
+:mod:`nala_gen.sr.interop.onnx_export`).
 
     nala-bench upscale [--models nalasr-light-x4 esrt-x4] [--sides 125 250 500] [--tiles auto 128]
                        [--engines torch torch_eager onnxruntime] [--keep-others]
@@ -57,13 +57,13 @@ def sample_input(side: int):
 def worker(
     model: str, side: int, tile: str, repeats: int, budget_mb: float, device: str, mem_limit: int, onnx: str | None
 ) -> dict:
-    from nala_gen.sr.models import load_sr_model
-    from nala_gen.sr.upscaler import Upscaler
+    from nala_gen.sr.loading import load_sr_model
+    from nala_gen.sr.upscale.engine import Upscaler
 
     if device == "cpu":
         limit_memory(mem_limit)
     if onnx:
-        from nala_gen.sr.onnx_export import OnnxSR
+        from nala_gen.sr.interop.onnx_export import OnnxSR
 
         net = OnnxSR(onnx)
     else:
@@ -91,8 +91,8 @@ def worker(
 
 def onnx_file(model: str, folder: str) -> str | None:
     """The model exported to ONNX in ``folder`` (once, not timed), or None for a network that does not export."""
-    from nala_gen.sr.models import load_sr_model
-    from nala_gen.sr.onnx_export import export_onnx
+    from nala_gen.sr.interop.onnx_export import export_onnx
+    from nala_gen.sr.loading import load_sr_model
 
     net, info = load_sr_model(model, 4)
     if info["arch"] != "NaLaSR":

@@ -1,15 +1,33 @@
-"""NaLaSR and ESRT (torch only), the upscaling engine, BasicSR entry points, data preparation and ``nala-sr``.
+"""Super-resolution: NaLaSR and ESRT, the upscaling engine, batch jobs, BasicSR training/testing and ``nala-sr``.
 
-``import nala_gen.sr.basicsr_registry`` registers both archs in BasicSR's ``ARCH_REGISTRY`` (the BasicSR entry points
-do it themselves). The names below load on first use, so ``nala-sr --help`` does not import torch.
+Laid out by job, as BasicSR lays out its package:
+
+* :mod:`nala_gen.sr.archs`: the networks, one ``*_arch.py`` each (torch only), and the peers' BasicSR settings;
+* :mod:`nala_gen.sr.basicsr`: ``import nala_gen.sr.basicsr`` registers NaLaSR, ESRT and SRVGGNetCompactZeroInit in
+  BasicSR's ``ARCH_REGISTRY`` and :class:`~nala_gen.sr.basicsr.model.UpscalerSRModel` in its ``MODEL_REGISTRY``;
+  ``nala_gen.sr.train`` / ``nala_gen.sr.test`` are BasicSR's entry points with them;
+* :mod:`nala_gen.sr.upscale`: the engine (tiles, memory budget, streaming), its inference graph, probes, resampling
+  and image I/O;
+* :mod:`nala_gen.sr.jobs`: resumable folder jobs, their manifests, sharding and video;
+* :mod:`nala_gen.sr.data`: data preparation in BasicSR's layouts; :mod:`nala_gen.sr.interop`: spandrel and ONNX;
+* :mod:`nala_gen.sr.loading`: networks from named weights, cards or BasicSR checkpoints.
+
+Importing this package is cheap (no torch): it makes ``import basicsr`` work with current torchvision
+(:mod:`nala_gen.sr.torchvision_alias`) and keeps the pre-layout module paths importable, deprecated
+(:mod:`nala_gen.sr._moved`). The names below load on first use, so ``nala-sr --help`` does not import torch.
 """
 
 from __future__ import annotations
 
 import importlib
 
+from . import _moved, torchvision_alias
+
+torchvision_alias.install()
+_moved.install()
+
 # name -> module that defines it
-_LAZY = {"ESRT": ".esrt_arch", "NaLaSR": ".nalasr_arch", "NALASR_SIZES": ".nalasr_arch"}
+_LAZY = {"ESRT": ".archs.esrt_arch", "NaLaSR": ".archs.nalasr_arch", "NALASR_SIZES": ".archs.nalasr_arch"}
 
 __all__ = ["ESRT", "NALASR_SIZES", "SR_ARCHS", "NaLaSR"]
 

@@ -62,7 +62,7 @@ def prepare(argv: list[str]) -> int:
         counts = data.prepare_mini(args.out, args.scales, limit=args.limit)
         where = args.out
     elif args.what == "photos":
-        from . import photos as photo_set
+        from .data import photos as photo_set
 
         if not (photo_set.PLASMA_ROOT.is_dir() and (photo_set.MATE_ROOT / "nature").is_dir()):
             if not args.install:
@@ -158,7 +158,7 @@ def output_clash(inputs: list[Path], args: argparse.Namespace) -> str | None:
 
 def output_suffix(src: Path, ext: str, img) -> str:
     """``auto`` keeps the input's format unless it cannot hold the result (JPEG with alpha or 16-bit)."""
-    from .imageio import has_alpha
+    from .upscale.imageio import has_alpha
 
     if ext != "auto":
         return f".{ext}"
@@ -254,9 +254,9 @@ def upscale(argv: list[str]) -> int:
     from nala_gen.devices import pick_device
     from nala_gen.weights import WeightsError
 
-    from .folder_job import FolderJob
-    from .models import load_sr_model
-    from .upscaler import Upscaler, budget_bytes
+    from .jobs.folder import FolderJob
+    from .loading import load_sr_model
+    from .upscale.engine import Upscaler, budget_bytes
 
     try:
         pick_device(args.device)  # a device this machine lacks is refused before the model loads
@@ -338,8 +338,8 @@ def upscale(argv: list[str]) -> int:
 
 
 def _upscale_video(engine, src: Path, dst: Path, args: argparse.Namespace, settings: dict) -> int:
-    """One video through the engine (nala_gen.sr.video); returns 1 when it failed (said in one line), else 0."""
-    from .video import VideoError, upscale_video
+    """One video through the engine (nala_gen.sr.jobs.video); returns 1 when it failed (said in one line), else 0."""
+    from .jobs.video import VideoError, upscale_video
 
     if args.skip_existing and dst.exists():  # a video output appears only when whole
         if args.json:
@@ -461,7 +461,7 @@ def export(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from nala_gen.weights import user_weights_dir
 
-    from .models import export_checkpoint
+    from .loading import export_checkpoint
 
     out = args.out or user_weights_dir()
     card = export_checkpoint(args.checkpoint, args.opt, args.name, out, json.loads(args.info), args.param_key)
@@ -480,8 +480,8 @@ def export_onnx(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from nala_gen.weights import WeightsError
 
-    from .models import load_sr_model
-    from .onnx_export import CHECK_SIZES, export_onnx
+    from .interop.onnx_export import CHECK_SIZES, export_onnx
+    from .loading import load_sr_model
 
     try:
         model, info = load_sr_model(args.model, args.scale, args.opt)

@@ -16,9 +16,9 @@ from PIL import Image, ImageDraw
 from nala_gen.resources import sample_image
 
 from .evaluate import bicubic_upscale
-from .imageio import read_image, write_image_atomic
-from .models import load_sr_model
-from .upscaler import Upscaler
+from .loading import load_sr_model
+from .upscale.engine import Upscaler
+from .upscale.imageio import read_image, write_image_atomic
 
 SAMPLE = sample_image()
 

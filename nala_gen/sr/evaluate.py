@@ -17,7 +17,6 @@ import numpy as np
 from nala_gen.cliargs import bounded, tile_setting
 from nala_gen.fileio import update_json
 
-from . import _compat  # noqa: F401  (before basicsr)
 from .data import list_images, read_rgb
 
 
@@ -74,8 +73,8 @@ def evaluate(
     ``memory_budget``: bytes per job for ``tile="auto"`` (default: half of the host's available memory, which two
     evaluations side by side would both claim).
     """
-    from .models import load_sr_model
-    from .upscaler import Upscaler
+    from .loading import load_sr_model
+    from .upscale.engine import Upscaler
 
     gt_paths = list_images(data / "GTmod12")
     if not gt_paths:
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    from .upscaler import budget_bytes
+    from .upscale.engine import budget_bytes
 
     results = evaluate(args.data, args.scale, args.models, args.opt, args.tile, budget_bytes(args.memory_budget_mb))
     print(f"| x{args.scale} on {args.data} | PSNR (Y) | SSIM (Y) |\n|---|---|---|")

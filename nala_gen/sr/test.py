@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-import nala_gen.sr.basicsr_registry  # noqa: F401  (registers the archs, aliases torchvision for basicsr)
+import nala_gen.sr.basicsr  # noqa: F401  (registers the archs and the model in BasicSR's registries)
 
 
 def main() -> None:

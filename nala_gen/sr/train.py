@@ -21,7 +21,7 @@ import types
 
 import torch
 
-import nala_gen.sr.basicsr_registry  # noqa: F401  (registers the archs, aliases torchvision for basicsr)
+import nala_gen.sr.basicsr  # noqa: F401  (registers the archs and the model in BasicSR's registries)
 
 # basicsr is imported inside functions: it must come after nala_gen.sr, which import sorting cannot keep.
 

@@ -7,7 +7,7 @@ so a video is never held whole in memory (the encoder's own look-ahead, a few do
 aside), and no ``ffmpeg`` program needs to be installed. PyAV rather than imageio-ffmpeg: imageio pipes raw
 frames to an ffmpeg process and cannot copy the audio packets, which PyAV remuxes untouched.
 
-* **Frames.** Every decoded frame is upscaled by :class:`~nala_gen.sr.upscaler.Upscaler` (tiles, memory budget,
+* **Frames.** Every decoded frame is upscaled by :class:`~nala_gen.sr.upscale.engine.Upscaler` (tiles, memory budget,
   precision as for images) and encoded at the input's average frame rate, so the frame count and the duration
   are kept (a variable-rate input comes out at its average, constant rate).
 * **Audio.** Each audio stream is copied packet for packet when the output container takes its codec, else
@@ -269,7 +269,7 @@ def upscale_video(
     info = probe(src)
     if max_pixels and info.width * info.height > max_pixels:
         raise VideoError(f"{src} has {info.width}x{info.height} frames, over the limit of {max_pixels:,} pixels")
-    from .upscaler import output_size
+    from ..upscale.engine import output_size
 
     out_w, out_h = output_size(info.width, info.height, engine.scale, outscale)
     if CODECS[codec][0] == "yuv420p" and (out_w % 2 or out_h % 2):

@@ -3,10 +3,10 @@
 BasicSR's ``SRModel.test`` runs the network on each whole validation image. That is right for NaLaSR (linear in
 the pixels), but ESRT's softmax attention over a 640x400 LR picture (the photo set's held-out split) asks for
 tens of GB, so a run validating ESRT on real photographs ends at its first validation. Here each validation image
-goes through :class:`~nala_gen.sr.upscaler.Upscaler` with ``tile="auto"``: whole where the pass fits the memory
+goes through :class:`~nala_gen.sr.upscale.engine.Upscaler` with ``tile="auto"``: whole where the pass fits the memory
 budget (NaLaSR, every image of the mini set), otherwise in blended tiles, exactly as ``nala-sr evaluate`` and
 ``nala-sr upscale`` score and run the same weights. Training is BasicSR's own. Select it with
-``model_type: UpscalerSRModel`` in an option file (importing :mod:`nala_gen.sr.basicsr_registry` registers it).
+``model_type: UpscalerSRModel`` in an option file (importing :mod:`nala_gen.sr.basicsr` registers it).
 ``val: memory_budget_mb`` fixes the validation's budget (default: half of the host's available memory, which two
 runs validating at the same time would each claim).
 
@@ -21,13 +21,9 @@ import copy
 
 import numpy as np
 import torch
-
-from . import _compat  # noqa: F401  (must run before anything imports basicsr)
-
-# isort: split
 from basicsr.models.sr_model import SRModel
 
-from .upscaler import Upscaler, budget_bytes
+from ..upscale.engine import Upscaler, budget_bytes
 
 
 class UpscalerSRModel(SRModel):

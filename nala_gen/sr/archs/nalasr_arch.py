@@ -1,8 +1,8 @@
 """NaLaSR: ESRT with its efficient multi-head attention replaced by the paper's NaLa block, global over every LR
-pixel. Registered in BasicSR's ``ARCH_REGISTRY`` as ``NaLaSR`` by :mod:`nala_gen.sr.basicsr_registry`.
+pixel. Registered in BasicSR's ``ARCH_REGISTRY`` as ``NaLaSR`` by :mod:`nala_gen.sr.basicsr`.
 
 NaLa attention: "Norm x Direction: Restoring the Missing Query Norm in Vision Linear Attention",
-arXiv 2506.21137. Everything outside the attention is ESRT's (:class:`~nala_gen.sr.esrt_arch.ESRTLayout`).
+arXiv 2506.21137. Everything outside the attention is ESRT's (:class:`~nala_gen.sr.archs.esrt_arch.ESRTLayout`).
 Inside the Efficient Transformer, ESRT's reduction of the ``9 * num_feat``-wide tokens to half width stays;
 the NaLa block (:class:`~nala_gen.attention.NaLaAttention`: q/k/v/g projection -> kernel with 2-D RoPE on the
 numerator -> + 5x5 LePE on v -> ``LN(o) * SiLU(g)`` -> projection back to the token width) replaces EMHA's
@@ -33,7 +33,7 @@ NALASR_SIZES = {
 class NaLaTokenAttention(nn.Module):
     """ESRT's token reduction (``dim -> dim // 2``, no bias), then the NaLa block projecting back to ``dim``.
 
-    As :class:`~nala_gen.sr.esrt_arch.EMHA`: ``forward = proj(mix(reduce(x)))`` with ``reduce`` and ``proj``
+    As :class:`~nala_gen.sr.archs.esrt_arch.EMHA`: ``forward = proj(mix(reduce(x)))`` with ``reduce`` and ``proj``
     Linear layers (the inference graph composes them with the transformer's LayerNorms and fold).
 
     Args:

@@ -32,7 +32,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from .data import MINI_TRAIN, MINI_VAL, SCALES, packaged_image, read_rgb, write_benchmark_split, write_train_split
+from .prepare import MINI_TRAIN, MINI_VAL, SCALES, packaged_image, read_rgb, write_benchmark_split, write_train_split
 
 PLASMA_ROOT = Path("/usr/share/wallpapers")
 MATE_ROOT = Path("/usr/share/backgrounds/mate")
@@ -217,7 +217,7 @@ def prepare_photos(
     n_sub = write_train_split(train, out_dir / "train" / "HR_sub", lr_dirs, crop, step)
     n_val = write_benchmark_split(val, out_dir / "val", scales)
     if lmdb:
-        from .data import make_lmdb
+        from .prepare import make_lmdb
 
         for folder in (out_dir / "train" / "HR_sub", *lr_dirs.values()):
             make_lmdb(folder)

@@ -1,6 +1,6 @@
 """NaLaSR and ESRT for spandrel, the model loader of chaiNNer and ComfyUI.
 
-    import nala_gen.sr.spandrel_support as nala_spandrel
+    import nala_gen.sr.interop.spandrel_support as nala_spandrel
     nala_spandrel.register()
     model = spandrel.ModelLoader().load_from_file("nalasr-light-x4.safetensors")  # an ImageModelDescriptor
     model.scale  # 4
@@ -19,8 +19,8 @@ import re
 from spandrel import MAIN_REGISTRY as SPANDREL_REGISTRY
 from spandrel import Architecture, ArchSupport, ImageModelDescriptor, StateDict
 
-from .esrt_arch import ESRT
-from .nalasr_arch import NaLaSR
+from ..archs.esrt_arch import ESRT
+from ..archs.nalasr_arch import NaLaSR
 
 _NALA_KEY = "body.transformer.0.attn.block.qkvg.weight"  # the NaLa block's fused q, k, v, g projection
 _EMHA_KEY = "body.transformer.0.attn.qkv.weight"

@@ -10,19 +10,15 @@ Real-ESRGAN trains the net far longer, and from pretrained weights. Here the hid
 variance-keeping (Kaiming normal, fan-in, for a PReLU's initial slope of 0.25) and the last convolution starts
 at zero (the usual zero-initialised residual branch): the network starts as its base, with no noise to remove,
 a signal of unchanged size reaches the last layer, and that layer's gradients are alive from the first step.
-Registered in BasicSR's ``ARCH_REGISTRY`` by :mod:`nala_gen.sr.basicsr_registry`.
+Registered in BasicSR's ``ARCH_REGISTRY`` by :mod:`nala_gen.sr.basicsr`.
 
 Args: those of ``basicsr.archs.srvgg_arch.SRVGGNetCompact``. (B, 3, H, W) -> (B, 3, sH, sW).
 """
 
 from __future__ import annotations
 
-from torch import nn
-
-from . import _compat  # noqa: F401  (must run before anything imports basicsr)
-
-# isort: split
 from basicsr.archs.srvgg_arch import SRVGGNetCompact
+from torch import nn
 
 PRELU_INITIAL_SLOPE = 0.25  # nn.PReLU's default
 

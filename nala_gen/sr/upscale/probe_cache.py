@@ -1,7 +1,7 @@
 """The auto-tile probes' readings, kept across processes.
 
 ``tile="auto"`` measures a network's memory at three small sizes before its first job (see
-:meth:`nala_gen.sr.upscaler.Upscaler._probes`): well under a second, but every ``nala-sr upscale`` of one image
+:meth:`nala_gen.sr.upscale.engine.Upscaler._probes`): well under a second, but every ``nala-sr upscale`` of one image
 paid it again. The readings depend on what the network is (its layers, shapes and options), not on its weight
 values, and on where it runs (device, precision, threads, CPU, torch, this package, the fused NaLa op on or
 off), so they are kept under a key made of exactly those, in ``$XDG_CACHE_HOME/nala_gen/probes.json``
@@ -44,7 +44,7 @@ def cache_path() -> Path | None:
 
 # The modules whose code decides a pass's memory: a changed line in any of them is a new key (the package's
 # version is not bumped for every commit).
-_PASS_SOURCES = ("nala_gen.sr.inference_graph", "nala_gen.sr.esrt_arch", "nala_gen.sr.nalasr_arch",
+_PASS_SOURCES = ("nala_gen.sr.upscale.inference_graph", "nala_gen.sr.archs.esrt_arch", "nala_gen.sr.archs.nalasr_arch",
                  "nala_gen.attention.modules", "nala_gen.attention.functional", "nala_gen.attention.fused",
                  "nala_gen.attention.kernels")  # fmt: skip
 

@@ -20,8 +20,6 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from . import _compat  # noqa: F401  (before basicsr)
-
 SCALES = (2, 3, 4)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 

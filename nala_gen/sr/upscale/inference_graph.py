@@ -46,7 +46,7 @@ from torch import nn
 
 from nala_gen.attention import NaLaAttention, linear_attention, map_to_tokens, tokens_to_map
 
-from .esrt_arch import ESRTLayout, upsample_to
+from ..archs.esrt_arch import ESRTLayout, upsample_to
 
 Tensor = torch.Tensor
 
@@ -263,7 +263,7 @@ class ComposedTransformer(nn.Module):
     multiply-adds than the plain module, all in convolutions and GEMMs, and moves several times fewer bytes.
 
     Args:
-        et: a trained :class:`~nala_gen.sr.esrt_arch.EfficientTransformer` whose attention has ``reduce`` (no
+        et: a trained :class:`~nala_gen.sr.archs.esrt_arch.EfficientTransformer` whose attention has ``reduce`` (no
             bias), ``mix(tokens, hw)`` and ``proj`` (EMHA and NaLaSR's NaLa block both do); it is shared.
     """
 
@@ -513,7 +513,7 @@ class FoldedHPB(nn.Module):
 
 
 class FoldedBody(nn.Module):
-    """ESRT's body (:class:`~nala_gen.sr.esrt_arch.ESRTBody`) with folded HPBs, composed transformers and no
+    """ESRT's body (:class:`~nala_gen.sr.archs.esrt_arch.ESRTBody`) with folded HPBs, composed transformers and no
     concatenation: the 3x3 reduction of the HPBs' concatenated outputs is the sum of one 3x3 conv per output,
     each added as its HPB finishes, so only the running sum and the latest output are held. The learned scales
     go into the last conv (``s_res``) and onto the residual add (``s_x``).
@@ -552,7 +552,7 @@ class ESRTInferenceGraph(nn.Module):
     """An ESRT-layout network's forward with its two upsamplers composed (see the module docstring).
 
     Args:
-        net: a trained :class:`~nala_gen.sr.esrt_arch.ESRTLayout` (NaLaSR or ESRT); the graph shares its head and
+        net: a trained :class:`~nala_gen.sr.archs.esrt_arch.ESRTLayout` (NaLaSR or ESRT); the graph shares its head and
             upsamplers and folds a copy of its body.
     """
 

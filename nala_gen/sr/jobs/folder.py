@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .imageio import ImageError, decoded_bytes, read_image, write_image_atomic
-from .jobs import JobManifest, file_sha256
-from .upscaler import ENCODER_COPIES, Readout, Upscaler
+from ..upscale.engine import ENCODER_COPIES, Readout, Upscaler
+from ..upscale.imageio import ImageError, decoded_bytes, read_image, write_image_atomic
+from .manifest import JobManifest, file_sha256
 
 
 @dataclass

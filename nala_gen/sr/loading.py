@@ -18,10 +18,10 @@ def build_arch(arch: str, config: dict) -> torch.nn.Module:
 
     cls = SR_ARCHS.get(arch)
     if cls is None:
-        from . import basicsr_registry  # the torchvision alias, then basicsr and its archs
+        from .basicsr import registry  # basicsr and its archs, ours registered
 
         try:
-            cls = basicsr_registry.ARCH_REGISTRY.get(arch)
+            cls = registry.ARCH_REGISTRY.get(arch)
         except KeyError:
             raise W.WeightsError(f"unknown architecture {arch!r}") from None
     try:

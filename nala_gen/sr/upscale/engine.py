@@ -286,7 +286,7 @@ class Upscaler:
         # Channels-last (NHWC) lets oneDNN and cuDNN run the convolutions, which dominate SR, without layout
         # conversions: 15-30 % faster on this CPU at 48-250 px inputs, same output to 2e-6.
         self.network = model.to(self.device, memory_format=torch.channels_last).eval()
-        self.model = inference_graph(self.network)  # the same function, faster (nala_gen.sr.inference_graph)
+        self.model = inference_graph(self.network)  # the same function, faster (nala_gen.sr.upscale.inference_graph)
         self.size_multiple = size_multiple(self.network)
         self.scale = scale
         self.tile = tile
@@ -304,7 +304,7 @@ class Upscaler:
 
     def _probes(self, budget: int) -> tuple[list[int], list[int]]:
         """(tokens, peak bytes) of passes at PROBE_SIDES, measured once per network, device and precision, and kept
-        across processes (:mod:`nala_gen.sr.probe_cache`). A side whose pass could overrun the budget (twice the
+        across processes (:mod:`nala_gen.sr.upscale.probe_cache`). A side whose pass could overrun the budget (twice the
         cost per token so far) is not probed, so probing keeps within small budgets too; a later, larger budget
         probes the rest."""
         sides, peaks = _PROBED.setdefault(self.network, {}).setdefault((str(self.device), self.precision), ([], []))

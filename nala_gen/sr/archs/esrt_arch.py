@@ -1,5 +1,5 @@
 """ESRT (Lu et al., "Transformer for Single Image Super-Resolution", CVPRW 2022), written from the paper and its
-published design. Registered in BasicSR's ``ARCH_REGISTRY`` as ``ESRT`` by :mod:`nala_gen.sr.basicsr_registry`.
+published design. Registered in BasicSR's ``ARCH_REGISTRY`` as ``ESRT`` by :mod:`nala_gen.sr.basicsr`.
 
 Layout (x4: 751,767 parameters, as published):
 
