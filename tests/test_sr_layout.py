@@ -87,8 +87,9 @@ def test_old_from_imports_still_work():
     forget("nala_gen.sr.upscaler")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        from nala_gen.sr import models, upscaler  # noqa: F401  (the pre-layout spellings)
         from nala_gen.sr.upscaler import Upscaler
+
+        from nala_gen.sr import models, upscaler  # noqa: F401  (the pre-layout spellings)
 
     from nala_gen.sr.upscale.engine import Upscaler as moved_upscaler
 
@@ -147,3 +148,36 @@ def test_sub_packages_import_one_way():
     for name in subpackages:
         for module in (SR_ROOT / name).glob("*.py"):
             assert not _sr_imports(module) & entry_points, module
+
+
+REPO = SR_ROOT.parents[1]
+SR_OPTION_FILES = sorted((REPO / "options").glob("t*/*/*.yml"))
+
+
+@pytest.mark.parametrize("option", SR_OPTION_FILES, ids=lambda p: p.stem)
+def test_every_sr_option_file_builds_under_the_one_kernel_name(option):
+    """Each shipped BasicSR option file names its network's attention ``kernel`` (no deprecated key) and builds."""
+    import torch
+    import yaml
+    from basicsr.archs import build_network  # (BasicSR imports after nala_gen.sr, at the top of this file)
+
+    import nala_gen.sr.basicsr  # noqa: F401  (registers NaLaSR and ESRT)
+    from nala_gen.attention import NaLaAttention
+
+    network = yaml.safe_load(option.read_text())["network_g"]
+    assert "attn_type" not in network, option
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        with torch.device("meta"):  # shapes only: the large configs need no real memory here
+            net = build_network(dict(network))
+    kernels = {m.kernel for m in net.modules() if isinstance(m, NaLaAttention)}
+    assert kernels <= {network.get("kernel", "nala")}, (option, kernels)
+
+
+def test_every_shipped_sr_card_uses_the_one_kernel_name():
+    from nala_gen import weights
+
+    cards = weights.list_weights("sr")
+    assert cards
+    for card in cards:
+        assert "attn_type" not in card.config, card.name
