@@ -6,7 +6,7 @@ STAMP := $(VENV)/.nala-installed
 # The torch/torchvision pair this project is tested with (on x86_64 Python 3.11 pip finds them on disk).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install browser demo app test lint bench weights-sr weights-diffusion clean
+.PHONY: install browser demo app test lint docs bench weights-sr weights-diffusion clean
 
 install: $(STAMP)
 
@@ -16,7 +16,7 @@ $(STAMP): setup.cfg setup.py pyproject.toml Makefile nala_gen/attention/csrc/nal
 	# basicsr 1.4.2's setup.py imports torch: build it against the torch above, not in isolation.
 	$(BIN)/pip install -q --no-build-isolation basicsr==1.4.2
 	# Not isolated either: the fused NaLa op (C++, about a minute to compile) builds against that torch.
-	$(BIN)/pip install -q --no-build-isolation -e '.[sr,diffusion,plot,app,video,test]'
+	$(BIN)/pip install -q --no-build-isolation -e '.[sr,diffusion,plot,app,video,test,docs]'
 	$(BIN)/python -c "from nala_gen.attention import fused; print('nala_gen: fused NaLa op:', fused.instruction_set() or fused.unavailable_reason())"
 	touch $@
 
@@ -32,10 +32,19 @@ browser:
 app: $(STAMP)
 	$(BIN)/nala-app --host 127.0.0.1 --port 7860
 
+# The docs site (mkdocs-material, API reference from the docstrings): a broken link, anchor or include, a page
+# missing from the nav or a docstring mkdocstrings cannot read fails the strict build. Nothing is downloaded.
+DOCS_BUILD := NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 test: $(STAMP) browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(DOCS_BUILD) -d build/docs-site-test
 	$(BIN)/python -m pytest -q
+
+docs: $(STAMP)
+	$(DOCS_BUILD) -d site
+	@echo "docs: site/index.html (or: $(BIN)/mkdocs serve)"
 
 lint: $(STAMP)
 	$(BIN)/ruff check --fix .
@@ -73,7 +82,7 @@ bench: $(STAMP)
 		--tile auto --memory-budget-mb 4096 --json benchmarks/results/sr_quality_photos.json
 	for m in $(DIGITS_MODELS); do \
 		$(BIN)/nala-gen quality -m $$m --per-class 100 --cfg 2 --json benchmarks/results/digits_quality.json || exit 1; done
-	$(BIN)/python scripts/results_tables.py
+	$(BIN)/python scripts/results_tables.py --write  # docs/results/tables/*.md and the README's headline table
 
 # The shipped SR weights: CPU trainings in stages (x4: two on the embedded set, one on the photo set; x2: one each;
 # resumable), then export and evaluation.
@@ -95,4 +104,4 @@ weights-diffusion: $(STAMP)
 		$(BIN)/nala-gen export experiments/$$cfg --name $$name --out weights || exit 1; done
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .ruff_cache *.egg-info build nala_gen/attention/_nala_fused*.so
+	rm -rf $(VENV) outputs site .pytest_cache .ruff_cache *.egg-info build nala_gen/attention/_nala_fused*.so
