@@ -824,7 +824,7 @@ def readme_with_headline(text: str) -> str:
     start, end = text.find(README_START), text.find(README_END)
     if start < 0 or end < start:
         raise ValueError(f"the README lacks the headline markers {README_START!r} ... {README_END!r}")
-    block = f"{README_START}\n{headline_table(link='docs/results/')}\n"
+    block = f"{README_START}\n\n{headline_table(link='docs/results/')}\n\n"
     return text[:start] + block + text[end:]
 
 
