@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
@@ -46,14 +47,58 @@ def map_to_tokens(x: Tensor) -> Tensor:
     return x.flatten(2).transpose(1, 2)
 
 
-def kernel_from_alias(kernel: str, old_value: str | None, old_name: str, default: str = "nala") -> str:
-    """The kernel name, taking a deprecated argument (``attn_type``, ``attention_type``) when only it is given."""
+def kernel_from_alias(kernel, old_value, old_name: str, default="nala", new_name: str = "kernel"):
+    """The kernel name (or, with ``new_name="kernel_options"``, its options), taking a deprecated argument
+    (``attn_type``, ``attention_type``, ``attention_kernel``, ...) when only it is given."""
     if old_value is None:
         return kernel
     if kernel != default and kernel != old_value:
-        raise ValueError(f"kernel={kernel!r} and the deprecated {old_name}={old_value!r} disagree")
-    warnings.warn(f"{old_name}= is deprecated; the attention kernel is called kernel=", DeprecationWarning, 3)
+        raise ValueError(f"{new_name}={kernel!r} and the deprecated {old_name}={old_value!r} disagree")
+    warnings.warn(f"{old_name}= is deprecated; it is called {new_name}= now", DeprecationWarning, 3)
     return old_value
+
+
+# Earlier names of the kernel's config keys: NaLaSR's attn_type; NaLaDiT's attention_type, then attention_kernel
+# and attention_kernel_options. Each still loads (with a DeprecationWarning) under today's name.
+KERNEL_KEY_ALIASES = {
+    "attn_type": "kernel",
+    "attention_type": "kernel",
+    "attention_kernel": "kernel",
+    "attention_kernel_options": "kernel_options",
+}
+KERNEL_KEY_DEFAULTS = {"kernel": "nala", "kernel_options": None}
+
+
+def with_kernel_keys(config: Mapping) -> dict:
+    """A copy of a config mapping (a training YAML's ``model``, a card's or a folder's config) with every
+    deprecated kernel key of :data:`KERNEL_KEY_ALIASES` moved to today's name (see :func:`kernel_from_alias`;
+    an old key set to null is dropped)."""
+    out = dict(config)
+    for old, new in KERNEL_KEY_ALIASES.items():
+        old_value = out.pop(old, None)
+        if old_value is not None:
+            default = KERNEL_KEY_DEFAULTS[new]
+            out[new] = kernel_from_alias(out.get(new, default), old_value, old, default, new)
+    return out
+
+
+class FusedLinear(nn.Linear):
+    """``nn.Linear`` over several projections fused into one weight, whose outputs can be made one part at a time.
+
+    ``forward(x, rows)`` is ``F.linear(x, weight[rows], bias[rows])`` (all rows without ``rows``). Every use of the
+    weight goes through the module's own forward, so hooks that wrap it see it: diffusers' layerwise casting
+    (weights stored in fp8, cast for the call) and offloading. Same parameters and state dict as ``nn.Linear``.
+    """
+
+    def forward(self, x: Tensor, rows: slice | None = None) -> Tensor:
+        if rows is None:
+            return F.linear(x, self.weight, self.bias)
+        return F.linear(x, self.weight[rows], None if self.bias is None else self.bias[rows])
+
+
+def _grid_rope(hw: Grid | None, rope_dim: int | None, device: torch.device) -> tuple[Tensor, Tensor] | None:
+    """2-D RoPE tables for ``rope_dim`` features over the grid ``hw`` (None without either)."""
+    return None if rope_dim is None or hw is None else rope_2d(hw[0], hw[1], rope_dim, device=device)
 
 
 class NaLaAttention(nn.Module):
@@ -129,19 +174,22 @@ class NaLaAttention(nn.Module):
                 )
         if self.norm_scale_mode:
             self.register_buffer("norm_scale_started", torch.tensor(False))
-        # Linear kernels rotate their features (2d wide for the cosine/split maps), softmax rotates q, k; 2-D RoPE
-        # needs a size divisible by 4. Fixed by the config, so found once here rather than on every forward.
-        rope_dim = feature_dim(kernel, dim // num_heads, **self.kernel_options)
-        self.rope_dim = rope_dim if rope and rope_dim % 4 == 0 else None
-        self.qkvg = nn.Linear(dim, (4 if gate else 3) * dim, bias=qkv_bias)
+        # Fixed by the config, so found once here rather than on every forward.
+        self.use_rope = rope
+        self.rope_dim = self._rope_dim(kernel, dim // num_heads, self.kernel_options)
+        self.qkvg = FusedLinear(dim, (4 if gate else 3) * dim, bias=qkv_bias)
         self.lepe = nn.Conv2d(dim, dim, lepe_kernel, padding=lepe_kernel // 2, groups=dim) if lepe else None
         self.out_norm = nn.LayerNorm(dim) if gate else None
         self.proj = nn.Linear(dim, out_dim or dim)
 
+    def _rope_dim(self, kernel: str, head_dim: int, options: dict) -> int | None:
+        """Size of the features ``kernel`` rotates (None: no RoPE): linear kernels rotate their features (2d wide
+        for the cosine/split maps), softmax rotates q, k; 2-D RoPE needs a size divisible by 4."""
+        size = feature_dim(kernel, head_dim, **options)
+        return size if self.use_rope and size % 4 == 0 else None
+
     def _rope(self, hw: Grid | None, device: torch.device) -> tuple[Tensor, Tensor] | None:
-        if self.rope_dim is None or hw is None:
-            return None
-        return rope_2d(hw[0], hw[1], self.rope_dim, device=device)
+        return _grid_rope(hw, self.rope_dim, device)
 
     def _norm_scale(self, q: Tensor) -> Tensor:
         """Per-head gamma (heads, 1, 1). Learned: started from the median query norms of the first training batch.
@@ -163,25 +211,37 @@ class NaLaAttention(nn.Module):
         """x: (B, N, C); hw: the (H, W) grid of the N tokens (enables RoPE and LePE). Returns (B, N, out_dim)."""
         return self.proj(self.mix(x, hw))
 
-    def mix(self, x: Tensor, hw: Grid | None = None) -> Tensor:
+    def mix(
+        self, x: Tensor, hw: Grid | None = None, kernel: str | None = None, kernel_options: dict | None = None
+    ) -> Tensor:
         """Everything before the output projection: (B, N, C) -> (B, N, C).
+
+        ``kernel`` (with its ``kernel_options``) runs another kernel on the same weights, as a swapped attention
+        processor does (NaLaDiT's ``set_attn_processor``); by default the module's own. A learned or tracked norm
+        scale applies to the ``nala`` kernel only.
 
         Ordered for memory, since at an image's token count every (B, N, C) tensor is large: the gate's
         projection is made only after the attention, LePE runs before it, and the q/k/v projection is released
-        before the output is laid out; without autograd the adds and the gate work in place."""
+        before the output is laid out; without autograd the adds and the gate work in place. The projections
+        are made by ``qkvg``'s own forward, a part at a time (see :class:`FusedLinear`)."""
         b, n, c = x.shape
         if hw is not None and hw[0] * hw[1] != n:
             raise ValueError(f"{n} tokens do not fill a {hw[0]}x{hw[1]} grid")
-        heads, weight, bias = self.num_heads, self.qkvg.weight, self.qkvg.bias
-        qkv = F.linear(x, weight[: 3 * c], None if bias is None else bias[: 3 * c])
+        heads = self.num_heads
+        options, rope_dim = self.kernel_options, self.rope_dim
+        if kernel is None:
+            kernel = self.kernel
+        elif kernel != self.kernel or (kernel_options or {}) != options:
+            options = dict(kernel_options or {})
+            rope_dim = self._rope_dim(kernel, c // heads, options)
+        qkv = self.qkvg(x, slice(0, 3 * c))
         q, k, v = qkv.unflatten(-1, (3, heads, c // heads)).permute(2, 0, 3, 1, 4)  # each (B, h, N, d)
         local = None
         if self.lepe is not None and hw is not None:
             local = map_to_tokens(self.lepe(tokens_to_map(v.transpose(1, 2).reshape(b, n, c), hw)))
-        options = self.kernel_options
-        if self.log_norm_scale is not None:
+        if self.log_norm_scale is not None and kernel == "nala":
             options = {**options, "norm_scale": self._norm_scale(q)}
-        out = linear_attention(q, k, v, kernel=self.kernel, rope=self._rope(hw, x.device), **options)
+        out = linear_attention(q, k, v, kernel=kernel, rope=_grid_rope(hw, rope_dim, x.device), **options)
         del qkv, q, k, v  # without autograd, the projections go before the output's transposed copy is made
         out = out.transpose(1, 2).reshape(b, n, c)
         in_place = not torch.is_grad_enabled()
@@ -190,7 +250,7 @@ class NaLaAttention(nn.Module):
             del local
         if self.out_norm is not None:
             out = self.out_norm(out)  # before g is made: the unnormalised output is gone by then
-            g = F.linear(x, weight[3 * c :], None if bias is None else bias[3 * c :])
+            g = self.qkvg(x, slice(3 * c, 4 * c))
             out = out.mul_(F.silu(g, inplace=True)) if in_place else out * F.silu(g)  # in the norm's dtype
         return out
 
