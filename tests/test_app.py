@@ -391,7 +391,7 @@ def test_generate_tab_lists_nala_models_before_their_softmax_twin():
     from nala_gen.weights import resolve
 
     listed = Engine(AppConfig()).diffusion_models()
-    kinds = [resolve(spec).config.get("attention_kernel") for spec, _ in listed]
+    kinds = [resolve(spec).config.get("kernel") for spec, _ in listed]
     assert "softmax" in kinds and kinds[0] != "softmax"  # the tab opens on the first one
     assert kinds == sorted(kinds, key=lambda k: k == "softmax")
     # The twin stays selectable, labelled as the baseline; no NaLa model is.

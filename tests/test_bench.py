@@ -379,14 +379,14 @@ def test_dit_ablation_trains_scores_adopts_and_reports_on_a_tiny_budget(tmp_path
     summary = json.loads((out / "dit_ablation_2st.json").read_text())
     assert {(r["variant"], r["seed"]) for r in summary["runs"]} == {(v, s) for v in ("nala", "softmax") for s in (0, 1)}
     softmax = next(e for e in summary["variants"] if e["variant"] == "softmax")
-    assert softmax["change"] == {"attention_kernel": "softmax"} and softmax["seeds"] == [0, 1]
+    assert softmax["change"] == {"kernel": "softmax"} and softmax["seeds"] == [0, 1]
     assert "accuracy_vs_reference_se" in softmax and "frechet_distance_beyond_two_se" in softmax
     for run in summary["runs"]:
         assert 0 <= run["accuracy"] <= 1 and run["frechet_distance"] > 0 and run["quality"]["per_class"] == 2
         info = tmp_path / "experiments" / dit_ablation.run_name(run["variant"], 2, run["seed"]) / "training_info.json"
         trained = json.loads(info.read_text())
         assert trained["steps"] == 2 and trained["config"]["seed"] == run["seed"]
-        assert trained["config"]["model"]["attention_kernel"] == run["variant"].split("_")[0]
+        assert trained["config"]["model"]["kernel"] == run["variant"].split("_")[0]
 
     # Adoption: a pipeline trained as seed 0 of a variant is scored, not retrained; any other is refused.
     seed0 = tmp_path / "experiments" / dit_ablation.run_name("nala", 2, 0) / "pipeline"

@@ -1,5 +1,7 @@
 """NaLaDiT in diffusers: the transformer, the attention processors, ``linearize`` and the pipeline (tiny, CPU)."""
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -140,9 +142,9 @@ def test_named_sizes_and_parameter_count():
         NaLaDiTTransformer2DModel.from_size("M/3")
 
 
-def test_attention_kernel_is_one_config_value():
-    nala = tiny_model(attention_kernel="nala")
-    soft = tiny_model(attention_kernel="softmax")
+def test_kernel_is_one_config_value():
+    nala = tiny_model(kernel="nala")
+    soft = tiny_model(kernel="softmax")
     assert nala.state_dict().keys() == soft.state_dict().keys()
     soft.load_state_dict(nala.state_dict())
     assert {block.attn.kernel for block in nala.blocks} == {"nala"}
@@ -153,7 +155,7 @@ def test_attention_kernel_is_one_config_value():
 
 def test_softmax_model_without_block_parts_is_plain_sdpa_attention():
     # With RoPE, LePE and the gate off, the block is q/k/v -> attention -> projection: the DiT paper's attention.
-    model = tiny_model(attention_kernel="softmax", rope=False, lepe=False, gate=False)
+    model = tiny_model(kernel="softmax", rope=False, lepe=False, gate=False)
     attn = model.blocks[0].attn
     x = torch.randn(2, 16, 64)
     q, k, v = attn.qkvg(x).unflatten(-1, (3, 2, 32)).permute(2, 0, 3, 1, 4)
@@ -163,10 +165,10 @@ def test_softmax_model_without_block_parts_is_plain_sdpa_attention():
 
 
 @pytest.mark.parametrize("switch", ["rope", "lepe", "gate"])
-@pytest.mark.parametrize("attention_kernel", ["nala", "softmax"])
-def test_block_switches_change_the_output(attention_kernel, switch):
-    full = tiny_model(attention_kernel=attention_kernel)
-    without = tiny_model(attention_kernel=attention_kernel, **{switch: False})
+@pytest.mark.parametrize("kernel", ["nala", "softmax"])
+def test_block_switches_change_the_output(kernel, switch):
+    full = tiny_model(kernel=kernel)
+    without = tiny_model(kernel=kernel, **{switch: False})
     x, t, y = inputs(width=12)
     with torch.no_grad():
         a, b = full(x, t, y).sample, without(x, t, y).sample
@@ -175,11 +177,11 @@ def test_block_switches_change_the_output(attention_kernel, switch):
 
 
 def test_model_save_load_identical(tmp_path):
-    model = tiny_model(attention_kernel="nala_split", attention_kernel_options={"lam": 2.0}, learn_sigma=False)
+    model = tiny_model(kernel="nala_split", kernel_options={"lam": 2.0}, learn_sigma=False)
     model.save_pretrained(tmp_path / "model")
     loaded = NaLaDiTTransformer2DModel.from_pretrained(tmp_path / "model").eval()
-    assert loaded.config.attention_kernel == "nala_split"
-    assert loaded.config.attention_kernel_options == {"lam": 2.0}
+    assert loaded.config.kernel == "nala_split"
+    assert loaded.config.kernel_options == {"lam": 2.0}
     assert loaded.blocks[0].attn.kernel_options == {"lam": 2.0}
     x, t, y = inputs(height=12)
     with torch.no_grad():
@@ -622,3 +624,63 @@ def test_linearize_reports_what_it_cannot_swap():
     model.get_submodule(name).set_processor(AttnAddedKVProcessor())
     report = linearize(model, "nala")
     assert name not in report.swapped and "AttnAddedKVProcessor" in report.skipped[name]
+
+
+# ------------------------------------------------------------------------------- linearize on cross-attention
+
+
+def test_linearize_cross_attention_puts_nala_on_pixarts_text_attention():
+    """cross_attention=True: PixArt's attn2 (queries from the image tokens, keys and values from the text tokens)
+    runs NaLa too, and a text-padding mask still holds; by default it keeps its softmax processor."""
+    x, t, _ = inputs()
+    gen = torch.Generator().manual_seed(4)
+    text = torch.randn(2, 5, 12, generator=gen)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])  # the second caption is two tokens shorter
+    conds = {"resolution": None, "aspect_ratio": None}
+
+    def run(m, captions=text):
+        kwargs = {"encoder_attention_mask": mask, "added_cond_kwargs": conds}
+        return m(x, encoder_hidden_states=captions, timestep=t, **kwargs).sample
+
+    default, _ = _pixart()
+    before = attention_processors(default)
+    cross = [name for name in before if name.endswith("attn2")]
+    report = linearize(default, "nala")
+    assert cross and not report.cross and all(attention_processors(default)[n] is before[n] for n in cross)
+
+    model, _ = _pixart()
+    with torch.no_grad():
+        original, self_only = run(model), run(default)
+        report = linearize(types.SimpleNamespace(transformer=model), "softmax", cross_attention=True)  # a pipeline
+        assert report.cross == cross and set(report.swapped) == set(before) and not report.skipped
+        torch.testing.assert_close(run(model), original, atol=2e-5, rtol=1e-4)  # the processors reproduce PixArt's
+        linearize(model, "nala", cross_attention=True)
+        both = run(model)
+        padded = text.clone()
+        padded[1, 3:] = torch.randn(2, 12, generator=gen)  # what the mask hides must not matter
+        masked = run(model, padded)
+    processors = attention_processors(model)
+    assert all(isinstance(p, NaLaAttnProcessor) and p.kernel == "nala" for p in processors.values())
+    assert torch.isfinite(both).all() and both.shape == original.shape
+    assert not torch.allclose(both, self_only, atol=1e-4) and not torch.allclose(both, original, atol=1e-4)
+    torch.testing.assert_close(masked[1], both[1], atol=1e-5, rtol=1e-5)
+    assert "cross-attention" in str(report)
+    with pytest.raises(TypeError, match="pipeline"):
+        linearize(object())
+
+
+@pytest.mark.parametrize("family", ["UNet2DCondition", "PixArt", "HunyuanDiT"])
+def test_linearize_cross_attention_with_softmax_keeps_the_model_and_nala_changes_it(family):
+    # HunyuanDiT rotates the queries of its cross-attention: they still are, before the kernel.
+    model, run = FAMILIES[family]()
+    self_only, _ = FAMILIES[family]()
+    with torch.no_grad():
+        original = run(model)
+        report = linearize(model, "softmax", cross_attention=True)
+        assert report.cross and not report.skipped
+        torch.testing.assert_close(run(model), original, atol=2e-5, rtol=1e-4)
+        linearize(model, "nala", cross_attention=True)
+        linearize(self_only, "nala")
+        both, only = run(model), run(self_only)
+    assert torch.isfinite(both).all()
+    assert not torch.allclose(both, only, atol=1e-4)

@@ -58,8 +58,8 @@ def test_shipped_configs_load_and_overrides_apply():
     for name in ("naladit_digits", "nalasit_digits", "naladit_digits_softmax"):
         config = load_config(REPO / "options" / "diffusion" / f"{name}.yml")
         assert config.data.source == "digits" and config.model["patch_size"] == 2
-    config = load_config(REPO / "options/diffusion/naladit_digits.yml", ["model.attention_kernel=softmax", "lr=1e-3"])
-    assert config.model["attention_kernel"] == "softmax" and config.lr == 1e-3
+    config = load_config(REPO / "options/diffusion/naladit_digits.yml", ["model.kernel=softmax", "lr=1e-3"])
+    assert config.model["kernel"] == "softmax" and config.lr == 1e-3
     with pytest.raises(ValueError, match="unknown field"):
         config_from_dict({**TINY, "learning_rate": 1.0})
     with pytest.raises(ValueError, match="unknown model field"):

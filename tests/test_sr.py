@@ -339,29 +339,15 @@ def test_evaluate_keeps_to_its_memory_budget(mini_root, tmp_path):
         evaluate(data, 4, [model], tile="auto", memory_budget=2**20)
 
 
-def test_the_deprecated_kernel_names_still_load_with_a_warning(tmp_path):
-    """Older option files and cards say attn_type, older NaLaDiT configs attention_type: both still build."""
-    import json
-
+def test_the_deprecated_kernel_names_still_load_with_a_warning():
+    """Older option files and cards say attn_type: they still build (NaLaDiT's older names: test_diffusion_compat)."""
     from nala_gen.attention import NaLaAttention
-    from nala_gen.diffusion import NaLaDiTTransformer2DModel
 
     with pytest.warns(DeprecationWarning, match="attn_type= is deprecated"):
         net = build_network({"type": "NaLaSR", "upscale": 2, "attn_type": "relu", "num_block": 1})
     assert {m.kernel for m in net.modules() if isinstance(m, NaLaAttention)} == {"relu"}
     with pytest.raises(ValueError, match="disagree"):
         NaLaAttention(16, 2, kernel="relu", attn_type="elu1")
-    model = NaLaDiTTransformer2DModel.from_size("tiny", sample_size=8, in_channels=1, num_classes=2)
-    model.save_pretrained(tmp_path)
-    config = json.loads((tmp_path / "config.json").read_text())
-    assert config["attention_kernel"] == "nala"
-    del config["attention_kernel"]
-    config["attention_type"] = "softmax"  # as configs were written before the rename
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.warns(DeprecationWarning, match="attention_type= is deprecated"):
-        old = NaLaDiTTransformer2DModel.from_pretrained(tmp_path)
-    assert old.config.attention_kernel == "softmax" and old.config.attention_type is None
-    assert {block.attn.kernel for block in old.blocks} == {"softmax"}
 
 
 @pytest.fixture

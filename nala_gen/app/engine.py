@@ -126,12 +126,13 @@ class Engine:
 
     def diffusion_models(self) -> list[tuple[str, str]]:
         """(spec, label) of every named diffusion pipeline plus the folders given with ``--pipeline``."""
+        from nala_gen.attention.modules import with_kernel_keys
         from nala_gen.weights import list_weights
 
         # NaLa models first (the tab opens on the first one; a softmax twin is there to compare against), otherwise in
         # the search order of the weight folders (a stable sort).
         def softmax(card) -> bool:
-            return card.config.get("attention_kernel", card.config.get("attention_type")) == "softmax"
+            return with_kernel_keys(card.config).get("kernel") == "softmax"
 
         cards = sorted(list_weights("diffusion"), key=softmax)
         found = [(c.name, f"{c.name} · {c.arch}" + (" · softmax baseline" if softmax(c) else "")) for c in cards]

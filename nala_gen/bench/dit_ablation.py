@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from nala_gen.attention.modules import with_kernel_keys
 from nala_gen.bench.ablation_runs import Busy, run_lock, seed_statistics, write_row
 
 VARIANTS = {
@@ -39,7 +40,7 @@ VARIANTS = {
     "softmax": Path("options/diffusion/naladit_digits_softmax.yml"),
 }
 # What a variant changes against nala's config (for the table): its model fields that differ.
-MODEL_FIELDS = ("attention_kernel", "attention_norm_scale")
+MODEL_FIELDS = ("kernel", "attention_norm_scale")
 REFERENCE = "nala"
 DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_STEPS = 6000  # the shipped digits pipelines' budget: about an hour each on one core
@@ -57,7 +58,9 @@ def summary_stem(steps: int) -> str:
 
 
 def variant_config(root: Path, variant: str) -> dict:
-    return yaml.safe_load((root / VARIANTS[variant]).read_text())
+    """A variant's YAML, its model's deprecated kernel keys under today's names."""
+    config = yaml.safe_load((root / VARIANTS[variant]).read_text())
+    return {**config, "model": with_kernel_keys(config.get("model") or {})}
 
 
 def change_of(root: Path, variant: str) -> dict:
@@ -167,13 +170,14 @@ def training_record(model: str) -> dict:
         if candidate.is_file():
             info = json.loads(candidate.read_text())
             config = info.get("config", {})
+            config = {**config, "model": with_kernel_keys(config.get("model", {}))}  # older runs: older key names
             return {"command": info.get("command", ""), "steps": info.get("steps"), "seed": config.get("seed"),
-                    "model": config.get("model", {}), "config": config}  # fmt: skip
+                    "model": config["model"], "config": config}  # fmt: skip
     from nala_gen.weights import resolve
 
     card = resolve(model)
     return {"command": card.info.get("command", ""), "steps": card.info.get("steps"), "seed": None,
-            "model": card.config}  # fmt: skip
+            "model": with_kernel_keys(card.config)}  # fmt: skip
 
 
 def _agrees(recorded, wanted) -> bool:

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from nala_gen.attention.modules import with_kernel_keys
 from nala_gen.resources import sample_image
 
 KERNELS = ("softmax", "relu", "elu1", "nala")
@@ -182,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         config = folder / "transformer" / "config.json"
         if not config.is_file():
             parser.error(f"{folder} is not a pipeline folder (no transformer/config.json)")
-        own = json.loads(config.read_text()).get("attention_kernel", "nala")
+        own = with_kernel_keys(json.loads(config.read_text())).get("kernel", "nala")
         jobs.append((str(folder), "diffusion", own, None, None))
     for name, task, own, checkpoint, option in jobs:
         try:

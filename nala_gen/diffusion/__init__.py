@@ -1,7 +1,7 @@
 """NaLaDiT / NaLaSiT in diffusers: the transformer, NaLa attention processors, ``linearize`` and one pipeline.
 
 ``NaLaDiTTransformer2DModel`` is a class-conditional DiT whose attention kernel is one config value
-(``attention_kernel``); ``NaLaDiTPipeline`` samples it as DiT (epsilon schedulers) or SiT (flow-matching
+(``kernel``); ``NaLaDiTPipeline`` samples it as DiT (epsilon schedulers) or SiT (flow-matching
 schedulers); ``NaLaAttnProcessor`` / ``linearize`` put NaLa into the attention of other diffusers models.
 The names below load on first use, so ``nala-gen --help`` does not import diffusers.
 """

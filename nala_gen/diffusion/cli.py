@@ -138,11 +138,25 @@ CARD_INFO_KEYS = (
 )  # fmt: skip
 
 
+def current_config_names(folder: Path) -> dict:
+    """A pipeline folder's transformer config, its deprecated kernel keys (``attention_kernel``, ...) rewritten in
+    place under today's names (``kernel``, ``kernel_options``), as ``save_pretrained`` writes the file."""
+    from nala_gen.attention.modules import KERNEL_KEY_DEFAULTS, with_kernel_keys
+
+    path = folder / "transformer" / "config.json"
+    config = json.loads(path.read_text())
+    current = with_kernel_keys(config)
+    if current != config:
+        current = {**KERNEL_KEY_DEFAULTS, **current}  # every field, as saving writes them (an old null is dropped)
+        path.write_text(json.dumps(current, indent=2, sort_keys=True) + "\n")
+    return current
+
+
 def export_pipeline(source: Path, name: str, out: Path) -> Path:
     """Copy a trained pipeline to ``out/NAME/`` and write its card ``out/NAME.json`` (with the folder's sha256).
 
     ``source`` is a training's ``output_dir`` (its ``pipeline/`` and ``training_info.json`` are used) or a
-    pipeline folder.
+    pipeline folder. A config saved with deprecated key names is exported under today's.
     """
     from nala_gen.weights import sha256_of
 
@@ -151,13 +165,13 @@ def export_pipeline(source: Path, name: str, out: Path) -> Path:
         raise ValueError(f"{source} is neither a training output folder nor a pipeline folder")
     info_path = pipeline.parent / "training_info.json"
     info = json.loads(info_path.read_text()) if info_path.is_file() else {}
-    config = json.loads((pipeline / "transformer" / "config.json").read_text())
     scheduler = json.loads((pipeline / "scheduler" / "scheduler_config.json").read_text())
     arch = "NaLaSiT" if "FlowMatch" in scheduler.get("_class_name", "") else "NaLaDiT"
     out.mkdir(parents=True, exist_ok=True)
     target, tmp = out / name, out / f".{name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(pipeline, tmp)
+    config = current_config_names(tmp)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     card = {

@@ -4,10 +4,15 @@ Layout (DiT, Peebles & Xie 2023): patchify conv -> + 2-D sin-cos positions -> ``
 conditioned on one vector c = timestep embedding + class embedding -> adaLN final layer -> unpatchify.
 Attention is the NaLa block of :class:`~nala_gen.attention.NaLaAttention` (the module NaLaSR uses too: q/k/v/g
 projection, the kernel with 2-D RoPE on the numerator, LePE, the ``LN(o) * SiLU(g)`` gate, projection), its kernel
-chosen by the config field ``attention_kernel`` (the ``kernel`` of the block, scoped like the other ``attention_*``
-fields): a NaLa model and its softmax twin differ by that one value and have identical state dicts. Older configs
-name it ``attention_type``, which still loads (deprecated) and is rewritten on save. ``rope``, ``lepe`` and ``gate``
-switch the block's parts (the paper's block: all on).
+chosen by the config field ``kernel`` (with ``kernel_options``; the same names as the block's and NaLaSR's): a NaLa
+model and its softmax twin differ by that one value and have identical state dicts. Older configs name them
+``attention_kernel`` / ``attention_kernel_options``, or ``attention_type``; these still load (with a
+DeprecationWarning) and are saved under today's names. ``rope``, ``lepe`` and ``gate`` switch the block's parts (the
+paper's block: all on).
+
+As in diffusers, attention runs through processors: ``model.attn_processors`` lists them (one
+:class:`~nala_gen.diffusion.processors.NaLaAttnProcessor` per block, with the config's kernel) and
+``model.set_attn_processor`` swaps them, e.g. ``NaLaAttnProcessor("softmax")`` runs softmax on the same weights.
 
 The same network serves both objectives: DiT (epsilon prediction, timesteps in [0, 1000)) and SiT (flow matching:
 it outputs ``noise - data`` at timestep ``1000 * sigma``), see :mod:`nala_gen.diffusion.pipeline`.
@@ -16,8 +21,8 @@ it outputs ``noise - data`` at timestep ``1000 * sigma``), see :mod:`nala_gen.di
 from __future__ import annotations
 
 import torch
-from diffusers.configuration_utils import ConfigMixin, register_to_config
-from diffusers.models.attention import FeedForward
+from diffusers.configuration_utils import ConfigMixin, FrozenDict, register_to_config
+from diffusers.models.attention import AttentionMixin, FeedForward
 from diffusers.models.modeling_outputs import Transformer2DModelOutput
 
 # ``ModelMixin`` must be an attribute of this module: a pipeline saved with this model records the library as
@@ -26,9 +31,10 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from nala_gen.attention import NaLaAttention
-from nala_gen.attention.modules import kernel_from_alias
+from nala_gen.attention.modules import KERNEL_KEY_ALIASES, with_kernel_keys
 
 from .embeddings import TimestepClassEmbedding, sincos_pos_embed_2d
+from .processors import NaLaAttnProcessor, NaLaJointAttnProcessor
 
 Tensor = torch.Tensor
 
@@ -50,12 +56,41 @@ def _modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
 PREDICTION_TYPES = ("epsilon", "v_prediction", "flow", None)  # what a model outputs (None: not recorded)
 
 
+class NaLaDiTAttention(NaLaAttention):
+    """The NaLa block run by an attention processor, as diffusers' ``Attention`` is (``get_processor`` /
+    ``set_processor``, which ``AttentionMixin.attn_processors`` / ``set_attn_processor`` walk).
+
+    Its processor starts as :class:`NaLaAttnProcessor` with the block's kernel and options; another
+    ``NaLaAttnProcessor`` runs its kernel on the same weights (RoPE sized for that kernel, LePE and gate as
+    configured). Processors hold no parameters: the state dict is the block's.
+    """
+
+    def __init__(self, dim: int, num_heads: int, **options) -> None:
+        super().__init__(dim, num_heads, **options)
+        self.processor = NaLaAttnProcessor(self.kernel, **self.kernel_options)
+
+    def get_processor(self) -> NaLaAttnProcessor:
+        return self.processor
+
+    def set_processor(self, processor: NaLaAttnProcessor) -> None:
+        if not isinstance(processor, NaLaAttnProcessor) or isinstance(processor, NaLaJointAttnProcessor):
+            raise TypeError(
+                f"NaLaDiT's attention runs a NaLaAttnProcessor (any kernel, e.g. NaLaAttnProcessor('softmax')), "
+                f"not {type(processor).__name__}"
+            )
+        self.processor = processor
+
+    def forward(self, x: Tensor, hw: tuple[int, int] | None = None) -> Tensor:
+        """x: (B, N, C) tokens of the patch grid ``hw`` -> (B, N, C)."""
+        return self.processor(self, x, hw=hw)
+
+
 class NaLaDiTBlock(nn.Module):
     """adaLN-Zero transformer block: ``x + gate * attn(modulate(LN(x)))``, then the same with an MLP.
 
     The modulation is zero-initialised by the model, so every block starts as the identity (DiT's adaLN-Zero).
-    ``attention_options`` go to :class:`~nala_gen.attention.NaLaAttention` (``kernel``, ``rope``, ``lepe``,
-    ``gate``, ``kernel_options``).
+    ``attention_options`` go to :class:`NaLaDiTAttention` (``kernel``, ``rope``, ``lepe``, ``gate``,
+    ``kernel_options``, ``norm_scale``).
     """
 
     def __init__(
@@ -63,7 +98,7 @@ class NaLaDiTBlock(nn.Module):
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
-        self.attn = NaLaAttention(hidden_size, num_heads, **attention_options)
+        self.attn = NaLaDiTAttention(hidden_size, num_heads, **attention_options)
         self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=norm_eps)
         inner = int(hidden_size * mlp_ratio)
         self.ff = FeedForward(hidden_size, activation_fn="gelu-approximate", inner_dim=inner)
@@ -76,7 +111,7 @@ class NaLaDiTBlock(nn.Module):
         return x + gate_mlp[:, None] * self.ff(_modulate(self.norm2(x), shift_mlp, scale_mlp))
 
 
-class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
+class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin, AttentionMixin):
     """Class-conditional diffusion transformer with NaLa (or any ``nala_gen`` kernel) self-attention.
 
     Args:
@@ -88,9 +123,8 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         mlp_ratio: MLP hidden size / hidden_size.
         num_classes: number of classes; the embedding table has one more row, the null class ``num_classes``.
         learn_sigma: also output the (DDPM learned-range) variance, so ``out_channels = 2 * in_channels``.
-        attention_kernel: attention kernel: ``nala``, ``nala_split``, ``relu``, ``elu1``, ``focused`` or ``softmax``
-            (``attention_type``: its deprecated name, read from older configs).
-        attention_kernel_options: feature-map arguments, e.g. ``{"lam": 3.0, "tau": 0.5}``.
+        kernel: attention kernel: ``nala``, ``nala_split``, ``relu``, ``elu1``, ``focused`` or ``softmax``.
+        kernel_options: feature-map arguments, e.g. ``{"lam": 3.0, "tau": 0.5}``.
         attention_norm_scale: ``nala`` only, our extension: the query power's norm scale gamma (None: the
             paper's 1; a number; ``"learned"`` or ``"tracked"``: one per head, see
             :class:`~nala_gen.attention.NaLaAttention`).
@@ -104,6 +138,8 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         prediction_type: what the model was trained to output: ``"epsilon"`` (DiT), ``"v_prediction"``,
             ``"flow"`` (SiT: the velocity ``noise - data``), or None (not recorded: the scheduler decides, as
             before this field existed). ``nala-gen train`` records it; the pipeline checks its scheduler against it.
+        attention_kernel, attention_kernel_options, attention_type: deprecated names of ``kernel`` and
+            ``kernel_options``, read from older configs (a DeprecationWarning) and not saved.
     """
 
     _supports_gradient_checkpointing = True
@@ -123,8 +159,8 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         mlp_ratio: float = 4.0,
         num_classes: int = 1000,
         learn_sigma: bool = True,
-        attention_kernel: str = "nala",
-        attention_kernel_options: dict | None = None,
+        kernel: str = "nala",
+        kernel_options: dict | None = None,
         attention_norm_scale: float | str | None = None,
         rope: bool = True,
         lepe: bool = True,
@@ -132,12 +168,25 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         interpolate_pos_embed: bool = False,
         norm_eps: float = 1e-6,
         prediction_type: str | None = None,
+        attention_kernel: str | None = None,
+        attention_kernel_options: dict | None = None,
         attention_type: str | None = None,
     ) -> None:
         super().__init__()
-        if attention_type is not None:  # an older config: keep one name in the config from now on
-            attention_kernel = kernel_from_alias(attention_kernel, attention_type, "attention_type")
-            self.register_to_config(attention_kernel=attention_kernel, attention_type=None)
+        deprecated = {
+            "attention_kernel": attention_kernel,
+            "attention_kernel_options": attention_kernel_options,
+            "attention_type": attention_type,
+        }
+        current = with_kernel_keys({"kernel": kernel, "kernel_options": kernel_options, **deprecated})
+        kernel, kernel_options = current["kernel"], current["kernel_options"]
+        # One name per field in the config: an older config's values under today's names, its own names gone (and
+        # not listed as defaulted, which would make from_config(model.config) drop a value an old name gave).
+        config = {k: v for k, v in self.config.items() if k not in KERNEL_KEY_ALIASES}
+        if "_use_default_values" in config:
+            defaulted = config["_use_default_values"]
+            config["_use_default_values"] = [k for k in defaulted if k not in KERNEL_KEY_ALIASES and k not in current]
+        self._internal_dict = FrozenDict({**config, **current})
         if prediction_type not in PREDICTION_TYPES:
             raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
         if hidden_size % num_attention_heads:
@@ -148,8 +197,8 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
         self.x_embedder = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size)
         self.embedder = TimestepClassEmbedding(hidden_size, num_classes)
         attention = {
-            "kernel": attention_kernel,
-            "kernel_options": attention_kernel_options,
+            "kernel": kernel,
+            "kernel_options": kernel_options,
             "norm_scale": attention_norm_scale,
             "rope": rope,
             "lepe": lepe,
@@ -167,7 +216,7 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin):
     def from_size(cls, name: str, **overrides) -> NaLaDiTTransformer2DModel:
         """A randomly initialised model of a named size (``tiny``, ``S/2``, ``B/2``, ``L/2``, ``XL/2``).
 
-        ``overrides`` set any other config field (or replace the size's), e.g. ``attention_kernel="softmax"``.
+        ``overrides`` set any other config field (or replace the size's), e.g. ``kernel="softmax"``.
         """
         if name not in MODEL_SIZES:
             raise ValueError(f"unknown model size {name!r}; choose one of {', '.join(MODEL_SIZES)}")

@@ -357,7 +357,8 @@ class NaLaDiTPipeline(DiffusionPipeline):
             "batch": len(ids) * (2 if guidance_scale > 1 else 1),
             "mode": "flow" if self.is_flow else "epsilon",
             "prediction_type": self.prediction_type,
-            "kernel": config.attention_kernel,
+            # the kernels the processors ran (set_attn_processor may have swapped the config's)
+            "kernel": "+".join(sorted({p.kernel for p in self.transformer.attn_processors.values()})),
             "device": str(device),
         }
         self.maybe_free_model_hooks()

@@ -4,7 +4,9 @@
 reuses the module's own projections (``to_q/to_k/to_v``, optional ``norm_q/norm_k``, ``to_out``) and only replaces
 the attention op, so a pretrained softmax model can be switched to NaLa (``linearize``) without touching any weight.
 With ``kernel="softmax"`` it computes exactly what ``AttnProcessor2_0`` does. ``NaLaJointAttnProcessor`` does the
-same for joint text-image attention: SD3's ``JointAttnProcessor2_0`` and Flux's ``FluxAttnProcessor``.
+same for joint text-image attention: SD3's ``JointAttnProcessor2_0`` and Flux's ``FluxAttnProcessor``. The same
+``NaLaAttnProcessor`` is also the processor of NaLaDiT's own attention (the NaLa block,
+:class:`~nala_gen.attention.NaLaAttention`), so ``set_attn_processor`` swaps its kernel too.
 
 A model's rotary embedding (``image_rotary_emb``: HunyuanDiT, Flux) is kept: for a linear kernel it rotates the
 numerator features with the model's own frequencies (see :func:`rope_from_rotary`), as NaLa's 2-D RoPE does.
@@ -14,6 +16,7 @@ The processors hold no parameters: a model's state dict is the same whatever pro
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -28,13 +31,21 @@ from diffusers.models.attention_processor import (
     SanaLinearAttnProcessor2_0,
 )
 from diffusers.models.embeddings import apply_rotary_emb
-from diffusers.models.transformers.transformer_flux import FluxAttention, FluxAttnProcessor
 from torch import nn
 
-from nala_gen.attention import apply_rope, feature_dim, kernel_names, linear_attention
+from nala_gen.attention import NaLaAttention, apply_rope, feature_dim, kernel_names, linear_attention
 
 Tensor = torch.Tensor
 Rope = tuple[Tensor, Tensor]
+
+
+@functools.cache
+def _flux() -> tuple[type, type]:
+    """Flux's attention and processor classes, imported on first use: importing them loads every diffusers
+    transformer (about a second), which loading a NaLaDiT, whose processors live here, does not need."""
+    from diffusers.models.transformers.transformer_flux import FluxAttention, FluxAttnProcessor
+
+    return FluxAttention, FluxAttnProcessor
 
 
 def _normalized_size(norm: nn.Module) -> int | None:
@@ -108,7 +119,7 @@ def _key_keep_mask(attention_mask: Tensor, batch: int, n_keys: int) -> Tensor:
 
 
 class NaLaAttnProcessor:
-    """Kernelised attention for diffusers' ``Attention`` modules (self- or cross-attention).
+    """Kernelised attention for diffusers' ``Attention`` modules (self- or cross-attention) and for the NaLa block.
 
     Args:
         kernel: a name from :func:`~nala_gen.attention.kernel_names` (``nala``, ``nala_split``, ``relu``, ``elu1``,
@@ -118,10 +129,16 @@ class NaLaAttnProcessor:
 
     Call with ``hidden_states`` (B, N, C) or (B, C, H, W), optional ``encoder_hidden_states`` (B, M, C') for
     cross-attention, optional ``rope`` (cos, sin) tables sized for the kernel's feature dimension, or the model's
-    ``image_rotary_emb`` (diffusers' real (cos, sin), HunyuanDiT), kept through :func:`rope_from_rotary` (self-
-    attention only: HunyuanDiT rotates only the queries of cross-attention, which no linear form can).
+    ``image_rotary_emb`` (diffusers' real (cos, sin), HunyuanDiT), kept through :func:`rope_from_rotary` in
+    self-attention.
     ``attention_mask``: any mask with ``softmax`` (as AttnProcessor2_0); key-padding masks only with linear
     kernels, run per sample on the kept keys (a linear form has no per-(query, key) weights to mask).
+    Cross-attention (``encoder_hidden_states``: text tokens) gets no RoPE: the text keys have no 2-D positions.
+    HunyuanDiT rotates its cross-attention's queries (not the keys): they are rotated so before the kernel.
+
+    On the NaLa block (:class:`~nala_gen.attention.NaLaAttention`: NaLaDiT's attention, driven by
+    ``set_attn_processor``) it is called with ``hidden_states`` (B, N, C) and the patch grid ``hw``, and runs
+    ``kernel`` inside the block's own q/k/v/g projection, 2-D RoPE, LePE and gate (with the op's default chunk).
     """
 
     def __init__(self, kernel: str = "nala", chunk_size: int = 4096, **kernel_options) -> None:
@@ -172,14 +189,19 @@ class NaLaAttnProcessor:
 
     def __call__(
         self,
-        attn: Attention,
+        attn: Attention | NaLaAttention,
         hidden_states: Tensor,
         encoder_hidden_states: Tensor | None = None,
         attention_mask: Tensor | None = None,
         temb: Tensor | None = None,
         rope: Rope | None = None,
         image_rotary_emb: tuple[Tensor, Tensor] | None = None,
+        hw: tuple[int, int] | None = None,
     ) -> Tensor:
+        if isinstance(attn, NaLaAttention):  # the NaLa block: self-attention over a patch grid, its own parts
+            if encoder_hidden_states is not None or attention_mask is not None:
+                raise ValueError("the NaLa block is self-attention: no encoder_hidden_states or attention_mask")
+            return attn.proj(attn.mix(hidden_states, hw, self.kernel, self.kernel_options))
         residual = hidden_states
         if attn.spatial_norm is not None:
             hidden_states = attn.spatial_norm(hidden_states, temb)
@@ -209,7 +231,11 @@ class NaLaAttnProcessor:
             k = k.repeat_interleave(heads // kv_heads, dim=1)
             v = v.repeat_interleave(heads // kv_heads, dim=1)
 
-        if image_rotary_emb is not None:
+        if image_rotary_emb is not None and attn.is_cross_attention:
+            # HunyuanDiT rotates the queries of its cross-attention (absolute positions; the text keys have none):
+            # the kernel gets the model's own queries.
+            q = rotate_like_the_model(q, image_rotary_emb)
+        elif image_rotary_emb is not None:
             if rope is not None or k.shape[-2] != q.shape[-2]:
                 raise ValueError("image_rotary_emb is supported for self-attention without another rope only")
             q, k, rope = self.rotary(q, k, image_rotary_emb)
@@ -245,7 +271,7 @@ class NaLaJointAttnProcessor(NaLaAttnProcessor):
     ) -> Tensor | tuple[Tensor, Tensor]:
         if attention_mask is not None:
             raise ValueError("NaLaJointAttnProcessor does not take an attention mask")
-        flux = isinstance(attn, FluxAttention)
+        flux = isinstance(attn, _flux()[0])
         fused = flux and attn.fused_projections
         heads = attn.heads
         if fused:
@@ -294,70 +320,99 @@ def _norm(norm: nn.Module | None, x: Tensor) -> Tensor:
 
 # Processors whose computation the NaLa processors reproduce with another attention op.
 PLAIN_PROCESSORS = (AttnProcessor, AttnProcessor2_0, HunyuanAttnProcessor2_0, SanaLinearAttnProcessor2_0)
-JOINT_PROCESSORS = (JointAttnProcessor2_0, FluxAttnProcessor)
+JOINT_PROCESSORS = (JointAttnProcessor2_0,)  # and Flux's (see _flux)
 
 
 @dataclass
 class LinearizeReport:
-    """What :func:`linearize` did: the modules swapped (the joint ones among them) and, for each module left alone,
-    why."""
+    """What :func:`linearize` did: the modules swapped (the joint and the cross-attention ones among them) and, for
+    each module left alone, why."""
 
     kernel: str
     swapped: list[str] = field(default_factory=list)
     joint: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)
+    cross: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
-        head = f"linearize({self.kernel!r}): {len(self.swapped)} swapped ({len(self.joint)} joint), "
+        counts = f"{len(self.joint)} joint, {len(self.cross)} cross-attention"
+        head = f"linearize({self.kernel!r}): {len(self.swapped)} swapped ({counts}), "
         lines = [head + f"{len(self.skipped)} left alone"]
         lines += [f"  skipped {name}: {why}" for name, why in self.skipped.items()]
         return "\n".join(lines)
 
 
-def _skip_reason(module: nn.Module) -> str | None:
+def _is_cross_attention(module: nn.Module) -> bool:
+    """Attention whose keys and values are text tokens (``attn2`` of diffusers' ``BasicTransformerBlock``)."""
+    return isinstance(module, Attention) and (module.is_cross_attention or module.only_cross_attention)
+
+
+def _skip_reason(module: nn.Module, cross_attention: bool) -> str | None:
     """Why a diffusers attention module is not swapped, or None when it is."""
     processor = getattr(module, "processor", None)
-    if isinstance(module, Attention) and (module.is_cross_attention or module.only_cross_attention):
-        return "cross-attention: its keys are the text, not the image tokens"
+    if _is_cross_attention(module) and not cross_attention:
+        return "cross-attention: its keys are the text, not the image tokens (linearize(..., cross_attention=True))"
     if isinstance(processor, NaLaAttnProcessor):
         return None
-    if isinstance(module, FluxAttention):
-        return None if isinstance(processor, FluxAttnProcessor) else f"custom processor {type(processor).__name__}"
+    flux_attention, flux_processor = _flux()
+    if isinstance(module, flux_attention):
+        return None if isinstance(processor, flux_processor) else f"custom processor {type(processor).__name__}"
     if not isinstance(module, Attention):
         return f"{type(module).__name__} is not an attention class the NaLa processors support"
-    if isinstance(processor, JOINT_PROCESSORS + PLAIN_PROCESSORS):
+    if isinstance(processor, JOINT_PROCESSORS + PLAIN_PROCESSORS + (flux_processor,)):
         return None
     return f"processor {type(processor).__name__} is not one the NaLa processors reproduce"
 
 
-def linearize(model: nn.Module, kernel: str = "nala", **kernel_options) -> LinearizeReport:
+def linearize(
+    model: nn.Module, kernel: str = "nala", *, cross_attention: bool = False, **kernel_options
+) -> LinearizeReport:
     """Swap the self- and joint attention of a diffusers model for the NaLa processors with ``kernel``, in place.
 
     Self-attention (``Attention`` running ``AttnProcessor2_0``, HunyuanDiT's or Sana's processor) gets
     :class:`NaLaAttnProcessor`, keeping the model's rotary embedding; joint text-image attention (SD3, Flux) gets
-    :class:`NaLaJointAttnProcessor`. Cross-attention, custom processors and attention classes the processors do not
-    reproduce are left alone and reported. Weights are untouched, so the result is the same network with another
-    attention op (to be fine-tuned). Processors are not saved with the weights: after ``from_pretrained`` call
-    ``linearize`` again.
+    :class:`NaLaJointAttnProcessor`. With ``cross_attention=True`` text-conditioned cross-attention (``attn2`` of
+    diffusers' ``BasicTransformerBlock``: PixArt, the UNets, HunyuanDiT) gets :class:`NaLaAttnProcessor` too: its
+    queries come from the N image tokens, its keys and values from the M text tokens, and its cost becomes
+    O((N + M) d^2) instead of softmax's O(N M d). No RoPE or LePE is added there: the text tokens have no 2-D grid
+    (a model that rotates the queries of its cross-attention, HunyuanDiT, still does); a text-padding mask is kept
+    (each sample attends over its kept text tokens). By default (False) cross-attention stays softmax: with a few
+    hundred text tokens its cost is linear in the image tokens already.
+
+    Custom processors and attention classes the processors do not reproduce are left alone and reported. Weights
+    are untouched, so the result is the same network with another attention op (to be fine-tuned). Processors are
+    not saved with the weights: after ``from_pretrained`` call ``linearize`` again.
+
+    Args:
+        model: a diffusers model, or a pipeline (its ``transformer``, else its ``unet``).
+        kernel, **kernel_options: the kernel (:func:`~nala_gen.attention.kernel_names`) and its feature-map options.
+        cross_attention: also swap text-conditioned cross-attention.
 
     Returns:
-        A :class:`LinearizeReport`: swapped module names (as in ``model.named_modules()``), the joint ones among
-        them, and each skipped module with its reason.
+        A :class:`LinearizeReport`: swapped module names (as in ``model.named_modules()``), the joint and the
+        cross-attention ones among them, and each skipped module with its reason.
     """
+    if not isinstance(model, nn.Module):  # a pipeline: its denoiser
+        denoiser = getattr(model, "transformer", None) or getattr(model, "unet", None)
+        if not isinstance(denoiser, nn.Module):
+            raise TypeError(f"linearize takes a diffusers model or a pipeline with one, not {type(model).__name__}")
+        model = denoiser
     plain, joint = NaLaAttnProcessor(kernel, **kernel_options), NaLaJointAttnProcessor(kernel, **kernel_options)
     report = LinearizeReport(kernel)
     for name, module in model.named_modules():
         if not isinstance(module, AttentionModuleMixin | Attention):
             continue
-        reason = _skip_reason(module)
+        reason = _skip_reason(module, cross_attention)
         if reason is not None:
             report.skipped[name] = reason
             continue
-        is_joint = isinstance(module, FluxAttention) or module.added_kv_proj_dim is not None
+        is_joint = isinstance(module, _flux()[0]) or module.added_kv_proj_dim is not None
         module.set_processor(joint if is_joint else plain)
         report.swapped.append(name)
         if is_joint:
             report.joint.append(name)
+        elif _is_cross_attention(module):
+            report.cross.append(name)
     return report
 
 

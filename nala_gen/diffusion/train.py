@@ -288,7 +288,7 @@ def train(config: TrainConfig, resume: str | None = None, progress: bool = True)
         trim_log(log_path, step)
     accelerator.print(
         f"{PROG}: {config.objective} {config.model.get('size', 'tiny')} ({params / 1e6:.2f}M params, "
-        f"{unwrapped.config.attention_kernel}) on {dataset.description}; {world} process(es) on {device}, "
+        f"{unwrapped.config.kernel}) on {dataset.description}; {world} process(es) on {device}, "
         f"batch {config.batch_size} x {config.grad_accum} x {world}"
         + (f"; resumed from {resume_dir} (step {step})" if resume_dir else "")
     )

@@ -4,12 +4,14 @@ A config file is a plain mapping (see ``options/diffusion/*.yml``)::
 
     output_dir: experiments/naladit_digits
     objective: dit            # dit (epsilon, DDPM linear betas) or sit (flow matching, noise - data)
-    model: {size: tiny, hidden_size: 128, depth: 4, attention_kernel: nala}
+    model: {size: tiny, hidden_size: 128, depth: 4, kernel: nala}
     data: {source: digits, image_size: 16, channels: 1}
     batch_size: 64
     max_steps: 4000
 
-Overrides use dotted keys and YAML values: ``model.attention_kernel=softmax``, ``lr=3e-4``, ``vae=null``.
+Overrides use dotted keys and YAML values: ``model.kernel=softmax``, ``lr=3e-4``, ``vae=null``. The model's older
+key names (``attention_kernel``, ``attention_kernel_options``, ``attention_type``) still load, with a
+DeprecationWarning, under today's (``kernel``, ``kernel_options``).
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ class TrainConfig:
             and ``training_info.json``.
         objective: ``dit`` (epsilon prediction, DDPM linear betas 1e-4..2e-2 over 1000 steps) or ``sit`` (flow
             matching: ``x = (1 - sigma) * data + sigma * noise``, target ``noise - data``, timestep ``1000 * sigma``).
-        model: ``{"size": NAME, **overrides}`` for :meth:`NaLaDiTTransformer2DModel.from_size`; ``sample_size``,
-            ``in_channels`` and ``num_classes`` follow from the data (and the VAE) when not given.
+        model: ``{"size": NAME, **overrides}`` for :meth:`NaLaDiTTransformer2DModel.from_size` (e.g. ``kernel``,
+            ``kernel_options``); ``sample_size``, ``in_channels`` and ``num_classes`` follow from the data (and the
+            VAE) when not given.
         data: see :class:`DataConfig`.
         vae: optional local diffusers ``AutoencoderKL`` folder: train on ``latents * scaling_factor``.
         batch_size: per process and per micro-batch; the effective batch is ``batch_size * grad_accum * processes``.
@@ -187,15 +190,29 @@ def parse_override(text: str) -> tuple[str, object]:
 
 
 def config_from_dict(raw: dict, overrides: list[str] = ()) -> TrainConfig:
-    """Apply ``overrides`` to a raw mapping and build a validated :class:`TrainConfig`."""
+    """Apply ``overrides`` to a raw mapping and build a validated :class:`TrainConfig`.
+
+    Deprecated model keys move to today's names, the file's before the overrides apply (so ``model.kernel=...``
+    overrides an old file's ``attention_kernel``) and each override's own key too."""
+    from nala_gen.attention.modules import with_kernel_keys
+
     raw = {k: (dict(v) if isinstance(v, dict) else v) for k, v in (raw or {}).items()}
+    if isinstance(raw.get("model"), dict):
+        raw["model"] = with_kernel_keys(raw["model"])
     for text in overrides:
-        _set_dotted(raw, *parse_override(text))
+        key, value = parse_override(text)
+        if key.startswith("model."):
+            renamed = with_kernel_keys({key.removeprefix("model."): value})
+            if not renamed:  # a deprecated key set to null: nothing to set
+                continue
+            ((name, value),) = renamed.items()
+            key = f"model.{name}"
+        _set_dotted(raw, key, value)
     data = _build(DataConfig, raw.pop("data", {}) or {}, "data")
     model = raw.pop("model", None) or {"size": "tiny"}
     if not isinstance(model, dict):
         raise ValueError("model must be a mapping such as {size: tiny, depth: 4}")
-    config = _build(TrainConfig, {**raw, "data": data, "model": dict(model)}, "")
+    config = _build(TrainConfig, {**raw, "data": data, "model": with_kernel_keys(model)}, "")
     return config.validate()
 
 
