@@ -15,8 +15,9 @@ pytest.importorskip("diffusers")
 from diffusers import DDIMScheduler  # noqa: E402
 from diffusers.models.attention_processor import AttnProcessor2_0  # noqa: E402
 
+from nala_gen.attention import NaLaAttention  # noqa: E402
 from nala_gen.diffusion import NaLaAttnProcessor, NaLaDiTPipeline, NaLaDiTTransformer2DModel  # noqa: E402
-from nala_gen.diffusion.train_config import config_from_dict  # noqa: E402
+from nala_gen.diffusion.train_config import config_from_dict, load_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 OLD_KEYS = ("attention_kernel", "attention_kernel_options", "attention_type")
@@ -72,6 +73,22 @@ def test_every_shipped_diffusion_folder_loads_under_the_one_kernel_name(name):
     assert no_kernel_deprecation(caught)
     assert pipe.transformer.config.kernel == card.config["kernel"]
     assert {b.attn.kernel for b in pipe.transformer.blocks} == {card.config["kernel"]}
+
+
+@pytest.mark.parametrize("option", sorted((REPO / "options" / "diffusion").glob("*.yml")), ids=lambda p: p.stem)
+def test_every_diffusion_option_file_loads_under_the_one_kernel_name(option):
+    import yaml
+
+    model = yaml.safe_load(option.read_text())["model"]
+    assert "kernel" in model and not set(OLD_KEYS) & set(model), option
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = load_config(option)
+    assert no_kernel_deprecation(caught)
+    fields = dict(config.model)
+    with torch.device("meta"):
+        net = NaLaDiTTransformer2DModel.from_size(fields.pop("size", "tiny"), **fields)
+    assert {m.kernel for m in net.modules() if isinstance(m, NaLaAttention)} == {model["kernel"]}
 
 
 @pytest.mark.parametrize(
