@@ -1,5 +1,6 @@
-"""Shared by the command-line tools: argument types that check numbers (finite, in range) before any work, and
-one way to end on Ctrl-C or SIGTERM, and a quick exit for commands that are done."""
+"""Shared by the command-line tools: argument types that check numbers (finite, in range) before any work, one
+way to end on Ctrl-C or SIGTERM or on a bad path or value (one line, never a traceback), and a quick exit for
+commands that are done."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import sys
 import threading
 from collections.abc import Callable
 from typing import NoReturn
+
+from nala_gen.fileio import path_problem
 
 
 def bounded(kind: type, low: float, high: float = math.inf, low_inclusive: bool = True) -> Callable[[str], float]:
@@ -71,6 +74,37 @@ def interruptible(prog: str, main: Callable[[], int]) -> int:
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
+
+
+def error_line(err: BaseException) -> str | None:
+    """The one line a command prints for ``err``: for a path, the path and its problem (symlink loop, dangling
+    link, permission, read-only file system, a file where a folder is expected or the other way round); for
+    other OSErrors and ValueErrors their message. None for any other error, which is a bug and keeps its
+    traceback."""
+    problem = path_problem(err)
+    if problem is not None:
+        return problem
+    if isinstance(err, (OSError, ValueError)):
+        return str(err) or type(err).__name__
+    return None
+
+
+def run_command(prog: str, main: Callable[[], int]) -> int:
+    """Run a command's ``main`` as :func:`interruptible` does; an OSError or ValueError (a missing, unreadable or
+    unwritable path, a bad value), or pathlib's symlink-loop RuntimeError, ends it with ``PROG: error: ...`` on
+    one line and exit 1."""
+
+    def guarded() -> int:
+        try:
+            return main()
+        except (OSError, ValueError, RuntimeError) as err:
+            line = error_line(err)
+            if line is None:
+                raise
+            print(f"{prog}: error: {line}", file=sys.stderr)
+            return 1
+
+    return interruptible(prog, guarded)
 
 
 def leave(code: int) -> NoReturn:

@@ -22,7 +22,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from nala_gen.cliargs import bounded, interruptible
+from nala_gen.cliargs import bounded, error_line, run_command
 
 from .images import image_format, make_grid, save_atomic
 from .loading import SCHEDULERS, load_pipeline, new_scheduler, parse_classes
@@ -67,10 +67,14 @@ def sample(argv: list[str]) -> int:
     from PIL import Image
 
     from nala_gen.devices import pick_device
+    from nala_gen.fileio import check_readable, check_writable
     from nala_gen.weights import WeightsError
 
     try:
         image_format(args.output)
+        check_writable(args.output)  # before the pipeline loads and samples, not after
+        if os.path.lexists(args.model):  # a pipeline folder (else a name): a broken link or no permission, said so
+            check_readable(args.model)
         pipe, name = load_pipeline(args.model)
         if args.scheduler:
             pipe.scheduler = new_scheduler(pipe, args.scheduler)
@@ -94,7 +98,7 @@ def sample(argv: list[str]) -> int:
             grid = grid.resize((grid.width * args.zoom, grid.height * args.zoom), Image.Resampling.NEAREST)
         save_atomic(grid, args.output)
     except (WeightsError, ValueError, OSError) as err:
-        print(f"nala-gen sample: error: {str(err).splitlines()[0]}", file=sys.stderr)
+        print(f"nala-gen sample: error: {error_line(err).splitlines()[0]}", file=sys.stderr)
         return 1
     readout = pipe.last_readout
     record = {
@@ -223,14 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     command, rest = argv[0], argv[1:]
 
-    def run() -> int:
-        try:
-            return COMMANDS[command](rest)
-        except (OSError, ValueError) as err:  # missing or unwritable files, bad values: one line
-            print(f"nala-gen {command}: error: {err}", file=sys.stderr)
-            return 1
-
-    return interruptible(f"nala-gen {command}", run)
+    return run_command(f"nala-gen {command}", lambda: COMMANDS[command](rest))  # bad paths and values: one line
 
 
 if __name__ == "__main__":
