@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from nala_gen.fileio import PathError, check_readable
 from nala_gen.resources import shipped_weights
 
 ENV_DIR = "NALA_GEN_WEIGHTS"
@@ -124,6 +125,10 @@ def broken_cards() -> list[tuple[Path, str]]:
 def resolve(name_or_path: str) -> WeightCard:
     """A name from :func:`list_weights`, a card path (``.json``), or a payload beside its card."""
     path = Path(name_or_path)
+    if os.path.lexists(path):  # a path that is there but broken (a symlink loop, a dangling link, no permission)
+        check_readable(path)  # is said as such, not as an unknown name
+    if path.suffix == ".json" and path.is_dir():
+        raise PathError(f"{path}: is a folder, not a file (a weight card)")
     if path.suffix == ".json" and path.is_file():
         return read_card(path)
     if path.exists() and path.with_suffix(".json").is_file():

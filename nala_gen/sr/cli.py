@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from nala_gen.cliargs import bounded, interruptible, leave, tile_setting
+from nala_gen.cliargs import bounded, error_line, leave, run_command, tile_setting
 
 
 def _scales(text: str) -> list[int]:
@@ -147,9 +147,11 @@ def output_clash(inputs: list[Path], args: argparse.Namespace) -> str | None:
     """
     if len(inputs) > 1 and names_a_file(args.output):
         return f"-o {args.output} names one file, but {len(inputs)} inputs were given: give a folder"
+    from nala_gen.fileio import real_path
+
     seen: dict[Path, Path] = {}
     for src in inputs:
-        stem = output_path(src, args, len(inputs) == 1, "").resolve()
+        stem = real_path(output_path(src, args, len(inputs) == 1, ""))
         if stem in seen:
             return f"{seen[stem]} and {src} would both write {stem}.*: rename one or upscale them separately"
         seen[stem] = src
@@ -250,6 +252,13 @@ def upscale(argv: list[str]) -> int:
     if clash:
         print(f"nala-sr upscale: error: {clash}", file=sys.stderr)
         return 1
+    from nala_gen.fileio import check_writable, real_path
+
+    # An output folder or file that cannot be written is refused before the model loads (one line, from main).
+    if args.output is not None:
+        check_writable(args.output, folder=not (len(inputs) == 1 and names_a_file(args.output)))
+    if args.manifest:
+        check_writable(args.manifest)
 
     from nala_gen.devices import pick_device
     from nala_gen.weights import WeightsError
@@ -266,7 +275,7 @@ def upscale(argv: list[str]) -> int:
             model, args.scale, args.device, args.precision, args.tile, args.tile_pad, args.alpha, budget, args.batch
         )
     except (WeightsError, ValueError, OSError) as err:
-        print(f"nala-sr upscale: error: {err}", file=sys.stderr)
+        print(f"nala-sr upscale: error: {error_line(err)}", file=sys.stderr)
         return 1
 
     manifest = None  # kept for resumable jobs: with --skip-existing (beside a -o folder) or --manifest
@@ -279,7 +288,7 @@ def upscale(argv: list[str]) -> int:
     settings["outscale"] = args.outscale
     settings.update(tile=args.tile, tile_pad=args.tile_pad, alpha=args.alpha, precision=engine.precision)
     settings.update(memory_budget_mb=args.memory_budget_mb, ext=args.ext, suffix=args.suffix)
-    resolved_inputs = {p.resolve() for p in inputs}
+    resolved_inputs = {real_path(p) for p in inputs}
     # Under torchrun (or accelerate launch, srun) each rank takes every world-th input of the same sorted list,
     # so each output is written by exactly one rank and the outputs equal a one-process run's.
     rank, world, gathers = launcher_rank()
@@ -360,7 +369,7 @@ def _upscale_video(engine, src: Path, dst: Path, args: argparse.Namespace, setti
             max_pixels=args.max_pixels,
         )
     except (VideoError, ValueError, RuntimeError, OSError) as err:
-        _report_error(args, src, str(err).splitlines()[0] if str(err) else type(err).__name__)
+        _report_error(args, src, (error_line(err) or str(err) or type(err).__name__).splitlines()[0])
         return 1
     summary = (
         f"{readout.frames} frames {readout.input_size[0]}x{readout.input_size[1]} -> "
@@ -373,8 +382,9 @@ def _upscale_video(engine, src: Path, dst: Path, args: argparse.Namespace, setti
 
 
 def _report_error(args: argparse.Namespace, src: Path, reason: str) -> None:
-    """One failed input: a line on stderr, and a JSON record with --json."""
-    print(f"nala-sr upscale: error: {src}: {reason}", file=sys.stderr)
+    """One failed input: a line on stderr (naming the input once), and a JSON record with --json."""
+    line = reason if reason.startswith(f"{src}:") else f"{src}: {reason}"
+    print(f"nala-sr upscale: error: {line}", file=sys.stderr)
     if args.json:
         emit({"input": str(src), "status": "error", "error": reason})
 
@@ -527,15 +537,11 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
 
     def run() -> int:
-        try:
-            if command in COMMANDS:
-                return COMMANDS[command](rest)
-            return _basicsr(command, rest)
-        except (OSError, ValueError) as err:  # missing or unwritable files, bad values: one line
-            print(f"nala-sr {command}: error: {err}", file=sys.stderr)
-            return 1
+        if command in COMMANDS:
+            return COMMANDS[command](rest)
+        return _basicsr(command, rest)
 
-    return interruptible(f"nala-sr {command}", run)
+    return run_command(f"nala-sr {command}", run)  # bad paths and values: one line
 
 
 # Commands whose process may end without the interpreter's teardown (see cliargs.leave): they write through our

@@ -9,13 +9,14 @@ Bicubic is MATLAB's (``basicsr.utils.matlab_functions.imresize``), as in the pap
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from pathlib import Path
 
 import numpy as np
 
 from nala_gen.cliargs import bounded, tile_setting
-from nala_gen.fileio import update_json
+from nala_gen.fileio import check_readable, check_writable, update_json
 
 from .data import list_images, read_rgb
 
@@ -38,8 +39,9 @@ def score(sr: np.ndarray, gt: np.ndarray, scale: int) -> tuple[float, float]:
 
 
 def _read(path: Path) -> np.ndarray:
-    if not path.is_file():
+    if not os.path.lexists(path):
         raise FileNotFoundError(f"{path} is missing (every GTmod12 image needs its LR copy)")
+    check_readable(path, folder=False)  # a symlink loop, a dangling link, no permission, a folder: said as such
     try:
         return read_rgb(path)
     except (OSError, ValueError) as err:
@@ -113,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
+    if args.json:  # refused before the evaluation, not after it (the results file is read, then replaced)
+        check_writable(args.json)
+        if os.path.lexists(args.json):
+            check_readable(args.json, folder=False)
     from .upscale.engine import budget_bytes
 
     results = evaluate(args.data, args.scale, args.models, args.opt, args.tile, budget_bytes(args.memory_budget_mb))

@@ -32,6 +32,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from nala_gen.fileio import check_writable, write_atomic
+
 from .prepare import MINI_TRAIN, MINI_VAL, SCALES, packaged_image, read_rgb, write_benchmark_split, write_train_split
 
 PLASMA_ROOT = Path("/usr/share/wallpapers")
@@ -173,6 +175,7 @@ def prepare_photos(
     for s in scales:
         if crop % s:
             raise ValueError(f"crop size {crop} is not divisible by scale {s}")
+    check_writable(out_dir, folder=True)  # before the first picture is read
     if pictures is None:
         pictures = [*plasma_pictures(), *mate_pictures()]
     chosen: list[tuple[Picture, np.ndarray]] = []
@@ -231,7 +234,7 @@ def prepare_photos(
         "train_sub_images": n_sub,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    write_atomic(out_dir / "manifest.json", json.dumps(manifest, indent=1).encode())
     return {"train_pictures": len(train), "train_sub_images": n_sub, "val_images": n_val, "duplicates": len(dropped)}
 
 

@@ -8,17 +8,22 @@
   a train split in the DIV2K sub-image layout and a held-out validation split in the benchmark layout.
 
 LR images come from ``basicsr.utils.matlab_functions.imresize``, the MATLAB-compatible bicubic the
-benchmarks were made with; LR sub-images are the bicubic copies of the HR sub-images.
+benchmarks were made with; LR sub-images are the bicubic copies of the HR sub-images. Every input is checked
+to open and the output folder to be writable before the first image is written, and each PNG is written
+atomically, so a bad path never leaves half a dataset or half an image.
 """
 
 from __future__ import annotations
 
+import io
 import shutil
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from nala_gen.fileio import check_readable, check_writable, write_atomic
 
 SCALES = (2, 3, 4)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
@@ -49,8 +54,9 @@ def read_rgb(path: str | Path) -> np.ndarray:
 
 
 def write_png(img: np.ndarray, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(img).save(path)
+    buffer = io.BytesIO()
+    Image.fromarray(img).save(buffer, format="PNG")
+    write_atomic(path, buffer.getvalue())
 
 
 def modcrop(img: np.ndarray, multiple: int) -> np.ndarray:
@@ -86,6 +92,12 @@ def sub_images(img: np.ndarray, crop: int, step: int, thresh: int = 0) -> list[n
 
 def list_images(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def readable_images(folder: Path) -> list[Path]:
+    """:func:`list_images`, each checked to open (a symlink loop, a dangling link, no permission, a folder named
+    like an image: :class:`~nala_gen.fileio.PathError`) before any output is written."""
+    return [check_readable(p, folder=False) for p in list_images(check_readable(folder, folder=True))]
 
 
 def write_train_split(
@@ -147,7 +159,9 @@ def prepare_div2k(
     for s in scales:
         if crop % s:
             raise ValueError(f"crop size {crop} is not divisible by scale {s}")
-    images = ((p.stem, read_rgb(p)) for p in list_images(hr_in))
+    paths = readable_images(hr_in)
+    check_writable(root, folder=True)
+    images = ((p.stem, read_rgb(p)) for p in paths)
     count = write_train_split(images, hr_dir, lr_dirs, crop, step)
     if lmdb:
         for folder in (hr_dir, *lr_dirs.values()):
@@ -157,7 +171,9 @@ def prepare_div2k(
 
 def prepare_benchmark(hr_dir: Path, out_dir: Path, scales: Sequence[int] = SCALES) -> dict[str, int]:
     """Any HR folder -> ``out_dir/GTmod12`` and ``out_dir/LRbicx{s}``."""
-    images = ((p.stem, read_rgb(p)) for p in list_images(hr_dir))
+    paths = readable_images(hr_dir)
+    check_writable(out_dir, folder=True)
+    images = ((p.stem, read_rgb(p)) for p in paths)
     return {"images": write_benchmark_split(images, out_dir, scales)}
 
 
@@ -198,6 +214,7 @@ def prepare_mini(
         if crop % s:
             raise ValueError(f"crop size {crop} is not divisible by scale {s}")
     train_specs, val_specs = MINI_TRAIN[:limit], MINI_VAL[:limit]
+    check_writable(out_dir, folder=True)
 
     def stem(spec: str) -> str:
         return Path(spec.split(":", 1)[1]).stem

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from nala_gen.fileio import path_problem, real_path
+
 from ..upscale.engine import ENCODER_COPIES, Readout, Upscaler
 from ..upscale.imageio import ImageError, decoded_bytes, read_image, write_image_atomic
 from .manifest import JobManifest, file_sha256
@@ -127,7 +129,7 @@ class FolderJob:
         if item.error is None:
             try:
                 item.dst = self.destination(item.src, item.img)
-                if item.dst.resolve() in self.protected:
+                if real_path(item.dst) in self.protected:
                     raise ImageError(f"output {item.dst} would overwrite an input")
             except (ImageError, ValueError, OSError) as err:
                 item.error = _reason(err)
@@ -304,4 +306,6 @@ class FolderJob:
 
 
 def _reason(err: BaseException) -> str:
-    return str(err).splitlines()[0] if str(err) else type(err).__name__
+    """One line for a failed image: a path's problem as :func:`~nala_gen.fileio.path_problem` names it, else the
+    error's first line."""
+    return path_problem(err) or (str(err).splitlines()[0] if str(err) else type(err).__name__)

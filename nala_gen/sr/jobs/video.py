@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import io
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nala_gen.fileio import VIDEO_SUFFIXES, atomic_file, write_atomic
+from nala_gen.fileio import VIDEO_SUFFIXES, PathError, atomic_file, check_readable, real_path, write_atomic
 
 # codec -> (pixel format, quality options from the CRF); ffv1 is lossless and ignores the CRF
 CODECS: dict[str, tuple[str, Callable[[int], dict]]] = {
@@ -96,6 +97,11 @@ class VideoReadout:
 def probe(path: str | Path) -> VideoInfo:
     """What :func:`upscale_video` needs to know of a video, or :class:`VideoError` with a one-line reason."""
     av = _av()
+    if os.path.lexists(path):  # a symlink loop, a dangling link, an unreadable file or a folder: said as such
+        try:
+            check_readable(path, folder=False)
+        except PathError as err:
+            raise VideoError(str(err)) from None
     try:
         with av.open(str(path)) as container:
             if not container.streams.video:
@@ -261,7 +267,7 @@ def upscale_video(
         raise VideoError(f"codec {codec} is not in this PyAV build; choose from {', '.join(available_codecs())}")
     if dst.suffix.lower() not in FORMATS:
         raise VideoError(f"{dst}: the output must end in one of {', '.join(FORMATS)}")
-    if dst.resolve() == src.resolve():
+    if real_path(dst) == real_path(src):
         raise VideoError(f"output {dst} would overwrite the input")
     with av.open(io.BytesIO(), "w", format=FORMATS[dst.suffix.lower()]) as scratch:
         if codec not in scratch.supported_codecs:

@@ -16,7 +16,7 @@ import cv2
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from nala_gen.fileio import IMAGE_SUFFIXES, atomic_file, write_atomic  # noqa: F401 - IMAGE_SUFFIXES: re-exported
+from nala_gen.fileio import IMAGE_SUFFIXES, atomic_file, path_problem, write_atomic  # noqa: F401 - IMAGE_SUFFIXES: re-exported
 
 # EXIF orientation -> (rotations by 90 degrees counter-clockwise, then flip left-right)
 _ORIENT = {2: (0, True), 3: (2, False), 4: (2, True), 5: (1, True), 6: (3, False), 7: (3, True), 8: (1, False)}
@@ -36,8 +36,8 @@ def read_image(path: str | Path, max_pixels: int | None = None) -> np.ndarray:
     path = Path(path)
     try:
         data = path.read_bytes()
-    except OSError as err:
-        raise ImageError(f"cannot read {path}: {err.strerror or err}") from None
+    except OSError as err:  # a missing or unreadable file, a symlink loop, a dangling link, a folder
+        raise ImageError(path_problem(err) or f"cannot read {path}: {err}") from None
     try:
         with Image.open(io.BytesIO(data)) as probe:
             size, mode = probe.size, probe.mode
