@@ -580,17 +580,28 @@ def sr_peer_quality_table() -> str:
     return "\n".join(lines)
 
 
+def attention_summary(attention: dict | None) -> str:
+    """A quality row's attention: the kernel, the NaLa block's parts that were on, kernel options not the default."""
+    if attention is None:
+        return "not recorded"
+    parts = [part for part in ("rope", "lepe", "gate") if attention.get(part)]
+    text = f"{attention['kernel']}, " + ("block: " + " + ".join(parts) if parts else "block parts off")
+    options = attention.get("kernel_options") or {}
+    return text + "".join(f", {key} {value}" for key, value in sorted(options.items()))
+
+
 def digits_quality_table() -> str:
     data = json.loads((RESULTS / "digits_quality.json").read_text())
     lines = [
-        "| model | samples | steps, guidance | accuracy | lowest class | Fréchet distance |",
-        "|---|---|---|---|---|---|",
+        "| model | attention | samples | steps, guidance | accuracy | lowest class | Fréchet distance |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, r in data.items():
         worst = min(range(10), key=lambda c: r["per_class_accuracy"][c])
         lines.append(
-            f"| `{name}` | {r['samples']:,} | {r['steps']}, {r['guidance_scale']:g} | {r['accuracy']:.1%} | "
-            f"{worst}: {r['per_class_accuracy'][worst]:.0%} | {r['frechet_distance']:.2f} |"
+            f"| `{name}` | {attention_summary(r.get('attention'))} | {r['samples']:,} | {r['steps']}, "
+            f"{r['guidance_scale']:g} | {r['accuracy']:.1%} | {worst}: {r['per_class_accuracy'][worst]:.0%} | "
+            f"{r['frechet_distance']:.2f} |"
         )
     first = next(iter(data.values()))
     lines += [

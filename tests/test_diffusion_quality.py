@@ -15,7 +15,7 @@ def test_frechet_distance_is_zero_for_equal_sets_and_grows_with_a_shift():
 
 
 def test_classifier_learns_the_real_digits():
-    _, accuracy, held_out = train_classifier(16, 1, seed=0, epochs=8)
+    _, accuracy, held_out = train_classifier(16, 1, seed=0, epochs=12)  # 8 sat at the 0.9 line (0.89 on one thread)
     assert accuracy > 0.9
     assert len(held_out) == 1797 - int(0.8 * 1797)  # the 20 % it never trained on
 
@@ -30,8 +30,10 @@ def test_evaluate_runs_on_a_pipeline():
         "tiny", sample_size=16, in_channels=1, num_classes=10, learn_sigma=False
     )
     pipe = NaLaDiTPipeline(model, DDIMScheduler())
-    result = evaluate(pipe, per_class=2, steps=2, cfg=2.0, batch=8, classifier_epochs=8)
+    result = evaluate(pipe, per_class=2, steps=2, cfg=2.0, batch=8, classifier_epochs=12)
     assert result["samples"] == 20 and abs(result["accuracy"] * 20 - round(result["accuracy"] * 20)) < 1e-6  # k of 20
     assert result["accuracy"] < 0.5  # an untrained model draws no digits the classifier recognises
     assert result["classifier_held_out_accuracy"] > 0.9
     assert result["frechet_distance"] > 0  # an untrained model is far from the real digits
+    # the row says what attention made the samples, read from the model (here the paper's block, all parts on)
+    assert result["attention"] == {"kernel": "nala", "kernel_options": None, "rope": True, "lepe": True, "gate": True}

@@ -125,7 +125,13 @@ def evaluate(
         # with this many images (the estimate is biased upwards for small sets).
         "frechet_distance_real_held_out": frechet_distance(held_out_features.numpy(), real_features.numpy()),
         "sampling_seconds": seconds,
+        "attention": attention_settings(pipe.transformer.config),
     }
+
+
+def attention_settings(config) -> dict:
+    """What the samples' attention was: the kernel, its options and the NaLa block's parts (read from the model)."""
+    return {key: config.get(key) for key in ("kernel", "kernel_options", "rope", "lepe", "gate")}
 
 
 def main(argv: list[str] | None = None) -> int:
