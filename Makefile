@@ -52,9 +52,9 @@ lint: $(STAMP)
 
 # Every file under benchmarks/results/ (hours on a 2-core CPU: the SR ablation trains five models). The
 # trained-entropy and digits-quality steps read the shipped weights (make weights-sr / weights-diffusion).
-# The pre-block pipelines are kept where they sample better (naladit-digits-preblock); the retired pre-block
+# The pre-block NaLaDiT (it samples better) and its softmax twin are kept (*-preblock); the retired pre-block
 # NaLaSiT's row was measured from weights/nalasit-digits at commit 9e1e4df (nala-gen quality -m that folder).
-DIGITS_MODELS := naladit-digits naladit-digits-preblock nalasit-digits naladit-digits-softmax
+DIGITS_MODELS := naladit-digits naladit-digits-preblock nalasit-digits naladit-digits-softmax naladit-digits-softmax-preblock
 bench: $(STAMP)
 	$(BIN)/nala-bench attention --backward --repeats 9
 	$(BIN)/nala-bench attention --contention --sizes 16384 71680 --methods nala nala_eager relu --repeats 9

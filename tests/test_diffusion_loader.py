@@ -11,7 +11,13 @@ from nala_gen.diffusion import NaLaDiTPipeline, NaLaDiTTransformer2DModel
 from nala_gen.diffusion.pipeline import LOADER_CODE
 from nala_gen.weights import resolve
 
-SHIPPED = ["naladit-digits", "naladit-digits-preblock", "nalasit-digits", "naladit-digits-softmax"]
+SHIPPED = [
+    "naladit-digits",
+    "naladit-digits-preblock",
+    "nalasit-digits",
+    "naladit-digits-softmax",
+    "naladit-digits-softmax-preblock",
+]
 
 # Run in a fresh interpreter that never imports nala_gen itself: only diffusers and the folder.
 GENERIC = """
