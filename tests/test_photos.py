@@ -5,7 +5,15 @@ import json
 import cv2
 import numpy as np
 
-from nala_gen.sr.data.photos import Picture, assign_splits, dep5_licence, mate_pictures, plasma_pictures, prepare_photos
+from nala_gen.sr.data.photos import (
+    Picture,
+    assign_splits,
+    dep5_licence,
+    lomiri_pictures,
+    mate_pictures,
+    plasma_pictures,
+    prepare_photos,
+)
 from nala_gen.sr.upscale.imageio import write_image_atomic
 
 
@@ -69,3 +77,68 @@ def test_splits_hold_out_a_share_of_each_package_and_keep_preset_ones():
     ]
     assign_splits(again, 0.15)
     assert [p.split for p in again] == [p.split for p in pictures]  # stable
+
+
+def _splits(out):
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {p["name"]: p["split"] for p in manifest["pictures"]}, manifest["duplicates_dropped"]
+
+
+def test_sources_added_for_training_leave_every_earlier_picture_in_its_split(tmp_path):
+    """The val split is the one every committed figure was measured on: adding sources must not change it."""
+    folder = tmp_path / "pictures"
+    images = {f"p{i}": photo(10 + i) for i in range(7)}
+    for name, img in images.items():
+        write_image_atomic(img, folder / f"{name}.png")
+
+    def first():  # two packages split 85/15, as plasma and mate
+        return [
+            Picture(name, str(folder / f"{name}.png"), "pkg-a" if i < 4 else "pkg-b", "GPL-2+", 400, 300)
+            for i, name in enumerate(images)
+        ]
+
+    before = tmp_path / "before"
+    prepare_photos(before, first(), scales=[4], crop=96, step=96, include_mini=False, val_fraction=0.3)
+    old, _ = _splits(before)
+    assert {"train", "val"} == set(old.values())
+    val_name = next(n for n, split in old.items() if split == "val")
+    train_name = next(n for n, split in old.items() if split == "train")
+    # New sources: new pictures, one of them in an existing package's name (a split source's hash would put its
+    # share in val), and copies of a val and a train picture listed as new: the copies are what is dropped.
+    write_image_atomic(photo(40), folder / "n0.png")
+    write_image_atomic(photo(41), folder / "n1.png")
+    added = [
+        Picture("n0", str(folder / "n0.png"), "pkg-new", "CC0-1.0", 400, 300),
+        Picture("n1", str(folder / "n1.png"), "pkg-a", "CC0-1.0", 400, 300),
+        Picture("copy_of_val", str(folder / f"{val_name}.png"), "pkg-new", "CC0-1.0", 400, 300),
+        Picture("copy_of_train", str(folder / f"{train_name}.png"), "pkg-new", "CC0-1.0", 400, 300),
+    ]
+    after = tmp_path / "after"
+    prepare_photos(after, first(), scales=[4], crop=96, step=96, include_mini=False, val_fraction=0.3, train_only=added)
+    new, dropped = _splits(after)
+    assert {n: new[n] for n in old} == old
+    assert new["n0"] == new["n1"] == "train"
+    assert {d["name"]: d["duplicate_of"] for d in dropped} == {"copy_of_val": val_name, "copy_of_train": train_name}
+    assert {f.stem for f in (after / "val" / "GTmod12").iterdir()} == {
+        f.stem for f in (before / "val" / "GTmod12").iterdir()
+    }
+
+
+def test_lomiri_lists_photographs_with_each_package_licence(tmp_path):
+    root, docs = tmp_path / "backgrounds", tmp_path / "doc"
+    write_image_atomic(photo(5), root / "Bridge.jpg")
+    write_image_atomic(photo(6), root / "Bird.jpg")
+    write_image_atomic(photo(7), root / "Render.jpg")  # not listed
+    dep5 = (
+        "Format: x\n\nFiles: 16.04/Bridge.jpg\nLicense: CC-BY-SA-4.0\n\n"
+        "Files: 20.04/Bird.jpg\nLicense: CC-BY-SA-3.0\n\nFiles: 16.04/Render.jpg\nLicense: CC0-1.0\n"
+    )
+    for package in ("lomiri-wallpapers-16.04", "lomiri-wallpapers-20.04"):
+        (docs / package).mkdir(parents=True)
+        (docs / package / "copyright").write_text(dep5)
+    photos = {"lomiri-wallpapers-16.04": ("Bridge", "Missing"), "lomiri-wallpapers-20.04": ("Bird",)}
+    got = list(lomiri_pictures(root, photos, docs))
+    assert [(p.name, p.package, p.licence, p.split) for p in got] == [
+        ("lomiri_Bridge", "lomiri-wallpapers-16.04", "CC-BY-SA-4.0", "train"),
+        ("lomiri_Bird", "lomiri-wallpapers-20.04", "CC-BY-SA-3.0", "train"),
+    ]

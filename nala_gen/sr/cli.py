@@ -64,12 +64,12 @@ def prepare(argv: list[str]) -> int:
     elif args.what == "photos":
         from .data import photos as photo_set
 
-        if not (photo_set.PLASMA_ROOT.is_dir() and (photo_set.MATE_ROOT / "nature").is_dir()):
+        missing = photo_set.missing_packages()
+        if missing:
             if not args.install:
-                missing = " ".join(photo_set.PACKAGES)
                 print(
-                    f"nala-sr prepare: error: the wallpaper packages are not installed: add --install (as root) "
-                    f"or run apt-get install {missing}",
+                    f"nala-sr prepare: error: the photo packages {', '.join(missing)} are not installed: add "
+                    f"--install (as root) or run apt-get install {' '.join(missing)}",
                     file=sys.stderr,
                 )
                 return 1

@@ -2,15 +2,23 @@
 
 Sources: Debian's desktop wallpapers, ``plasma-workspace-wallpapers`` (``/usr/share/wallpapers/NAME/contents/
 images/WxH.ext``: one picture in up to 13 resolutions) and ``mate-backgrounds`` (``/usr/share/backgrounds/mate/
-nature/``), plus the scikit-image and scikit-learn photos of the embedded mini set. What is kept:
+nature/``), plus the scikit-image and scikit-learn photos of the embedded mini set; then, for training only,
+``lomiri-wallpapers-16.04`` and ``lomiri-wallpapers-20.04`` (``/usr/share/backgrounds/NAME.jpg``, CC-BY-4.0,
+CC-BY-SA-3.0/4.0 and CC0-1.0 photographs). What is kept:
 
-* **photographs only**, by an explicit list (:data:`PLASMA_PHOTOS`, decided by looking at each of the 30 plasma
-  wallpapers: the other 19 are renders or drawings); every picture of mate's ``nature/`` folder is a photograph;
+* **photographs only**, by explicit lists (:data:`PLASMA_PHOTOS`, :data:`LOMIRI_PHOTOS`, decided by looking at
+  each picture of the packages: plasma's other 19 wallpapers and lomiri's other 5 are renders or drawings); every
+  picture of mate's ``nature/`` folder is a photograph;
 * **one copy of each picture**: a plasma wallpaper's resolutions are one picture (the largest is used), and any
   two pictures whose 8x8 average hashes differ in at most :data:`DUPLICATE_BITS` bits are one (the first kept);
 * **a held-out validation split by picture**: every picture lands wholly in train or in val (never sub-images of a
-  training picture): 15 % of each package's pictures, chosen by a stable hash of their names; the mini set's
-  photos keep their own split.
+  training picture): 15 % of each of the first sources' packages (plasma, mate), chosen by a stable hash of their
+  names; the mini set's photos keep their own split.
+* **a fixed validation split**: the sources added later (:data:`TRAIN_ONLY_PACKAGES`, from lomiri on) go wholly to
+  train, and are considered after every picture of the first sources, so they can neither move one of those to
+  the other split nor displace one as its near-duplicate (a later picture that nearly matches an earlier one is the
+  one dropped). The val split stays the 8 pictures every committed quality figure was measured on: comparability
+  across training stages, bought with a val split smaller than 15 % of the enlarged set.
 
 Large pictures are reduced (area) so that their longer side is at most :data:`MAX_SIDE` (DIV2K's ~2K), which
 also averages away JPEG blocks; then train pictures are cut into ``crop`` sub-images every ``step`` pixels with
@@ -38,7 +46,11 @@ from .prepare import MINI_TRAIN, MINI_VAL, SCALES, packaged_image, read_rgb, wri
 
 PLASMA_ROOT = Path("/usr/share/wallpapers")
 MATE_ROOT = Path("/usr/share/backgrounds/mate")
-PACKAGES = ("plasma-workspace-wallpapers", "mate-backgrounds")
+LOMIRI_ROOT = Path("/usr/share/backgrounds")
+# The packages whose pictures are split 85/15 (the val split's sources), then those added for training only.
+SPLIT_PACKAGES = ("plasma-workspace-wallpapers", "mate-backgrounds")
+TRAIN_ONLY_PACKAGES = ("lomiri-wallpapers-16.04", "lomiri-wallpapers-20.04")
+PACKAGES = (*SPLIT_PACKAGES, *TRAIN_ONLY_PACKAGES)
 # The plasma wallpapers that are photographs (the rest: Altai, Autumn, Canopee, Cascade, Cluster, Elarun, Flow,
 # FlyingKonqui, Honeywave, IceCold, Kay, Kokkini, MilkyWay, Opal, PastelHills, Patak, SafeLanding, Shell, Volna
 # are renders or drawings).
@@ -55,6 +67,29 @@ PLASMA_PHOTOS = (
     "Path",
     "summer_1am",
 )
+# The lomiri wallpapers that are photographs, per package (file stems under /usr/share/backgrounds; their copyright
+# file names them 16.04/NAME.jpg and 20.04/NAME.jpg). The rest are renders: umang_by_Abhishek_Mudgal (16.04);
+# Fossa_by_Jasper_Roks, Infinite-Sea_by_Aury88 (a star field over a rendered sea), Painting-Colors_by__herobrine7gamer
+# (20.04); lomiri-wallpapers' own two are renders too.
+LOMIRI_PHOTOS = {
+    "lomiri-wallpapers-16.04": (
+        "aitzgorri_by_Aitzol_Berasategi",
+        "analogpattern_by_Peter_Nerlich",  # a colour-graded close-up of a textured surface
+        "Bridge_by_Sander_Klootwijk",
+        "Dragonfly_by_Bolly",
+        "free_by_Peter_Nerlich",
+        "friends_by_Aitzol_Berasategi",
+        "greentock_by_Peter_Nerlich",
+        "life_by_Aitzol_Berasategi",
+        "picosdeeuropa_by_Aitzol_Berasategi",
+        "Picture_0B_by_freespace",
+        "Picture_1A_by_freespace",
+        "seeding_by_Clements_Engelhardt",
+        "sunset_by_Aitzol_Berasategi",
+        "Wine_by_Jakkub_Mede",
+    ),
+    "lomiri-wallpapers-20.04": ("Kleiber_by_Lukas_Baubkus",),
+}
 MAX_SIDE = 2040
 DUPLICATE_BITS = 4
 VAL_FRACTION = 0.15
@@ -125,6 +160,37 @@ def mate_pictures(root: Path = MATE_ROOT, copyright_file: Path | None = None):
             yield Picture(f"mate_{path.stem}", str(path), PACKAGES[1], licence, w, h)
 
 
+def lomiri_pictures(
+    root: Path = LOMIRI_ROOT, photos: dict[str, Sequence[str]] | None = None, copyright_dir: Path | None = None
+):
+    """The listed lomiri photographs (``root/NAME.jpg``), each with its package and that package's licence for it;
+    for training only (``split="train"``)."""
+    photos = LOMIRI_PHOTOS if photos is None else photos
+    copyright_dir = copyright_dir or Path("/usr/share/doc")
+    for package, names in photos.items():
+        release = package.rsplit("-", 1)[1]
+        for name in names:
+            path = root / f"{name}.jpg"
+            if not path.is_file():
+                continue
+            w, h = _size(path)
+            licence = dep5_licence(copyright_dir / package / "copyright", f"{release}/{path.name}")
+            yield Picture(f"lomiri_{name}", str(path), package, licence, w, h, split="train")
+
+
+def missing_packages() -> list[str]:
+    """The source packages of :data:`PACKAGES` that are not installed (by the folders they install)."""
+    present = {
+        PACKAGES[0]: PLASMA_ROOT.is_dir(),
+        PACKAGES[1]: (MATE_ROOT / "nature").is_dir(),
+        **{
+            package: all((LOMIRI_ROOT / f"{name}.jpg").is_file() for name in names)
+            for package, names in LOMIRI_PHOTOS.items()
+        },
+    }
+    return [package for package in PACKAGES if not present[package]]
+
+
 def average_hash(img: np.ndarray) -> int:
     """64-bit hash: an 8x8 grey thumbnail thresholded at its mean (equal for resized copies of one picture)."""
     grey = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY) if img.ndim == 3 else img
@@ -168,16 +234,26 @@ def prepare_photos(
     include_mini: bool = True,
     lmdb: bool = False,
     val_fraction: float = VAL_FRACTION,
+    train_only: Iterable[Picture] | None = None,
 ) -> dict[str, int]:
     """Write ``train/HR_sub``, ``train/LR_bicubic/X{s}_sub``, ``val/GTmod12``, ``val/LRbicx{s}`` and
-    ``manifest.json``; ``pictures`` defaults to the packaged wallpapers (:func:`plasma_pictures`,
-    :func:`mate_pictures`)."""
+    ``manifest.json``; ``pictures`` (split by package) defaults to the packaged wallpapers (:func:`plasma_pictures`,
+    :func:`mate_pictures`) and ``train_only`` (every one to train, considered after ``pictures`` and the mini set)
+    to :func:`lomiri_pictures` when ``pictures`` is not given, else to none."""
     for s in scales:
         if crop % s:
             raise ValueError(f"crop size {crop} is not divisible by scale {s}")
     check_writable(out_dir, folder=True)  # before the first picture is read
     if pictures is None:
+        missing = missing_packages()
+        if missing:
+            raise ValueError(
+                f"the photo packages {', '.join(missing)} are not installed: nala-sr prepare photos --install "
+                f"(as root) or apt-get install {' '.join(missing)}"
+            )
         pictures = [*plasma_pictures(), *mate_pictures()]
+        if train_only is None:
+            train_only = lomiri_pictures()
     chosen: list[tuple[Picture, np.ndarray]] = []
     hashes: list[int] = []
     dropped: list[dict] = []
@@ -209,6 +285,10 @@ def prepare_photos(
                 Picture(name, spec, package, licence, *img.shape[1::-1], split="val" if spec in MINI_VAL else "train"),
                 img,
             )
+    # Last, so that they can neither move nor displace a picture of the split sources or the mini set.
+    for picture in train_only or ():
+        picture.split = "train"
+        consider(picture, reduce(read_rgb(picture.path)))
     assign_splits([p for p, _ in chosen], val_fraction)
     train = [(p.name, img) for p, img in chosen if p.split == "train"]
     val = [(p.name, img) for p, img in chosen if p.split == "val"]
@@ -239,7 +319,8 @@ def prepare_photos(
 
 
 def install_packages() -> None:
-    """``apt-get install`` the wallpaper packages (root only; ValueError otherwise, with the command to run)."""
+    """``apt-get install`` the photo packages (:data:`PACKAGES`; root only; ValueError otherwise, with the command to
+    run)."""
     import os
     import subprocess
 
