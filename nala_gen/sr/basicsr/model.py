@@ -13,6 +13,10 @@ runs validating at the same time would each claim).
 The upscaler takes and returns 8-bit pictures, as BasicSR's metrics do (``tensor2img``): the LR tensor, read from
 an 8-bit file, is turned back into its bytes, and the output comes back as bytes / 255, so the scores equal
 ``SRModel``'s for a whole-image pass up to the inference graph's float32 rounding.
+
+``path: pretrain_network_g`` may also name a ``.safetensors`` file (a shipped ``weights/NAME.safetensors``: one
+network's state dict, so ``param_key_g`` does not apply to it and is ignored; ``strict_load_g`` holds as given), read
+with safetensors; a ``.pth`` loads as BasicSR loads it.
 """
 
 from __future__ import annotations
@@ -39,6 +43,21 @@ class UpscalerSRModel(SRModel):
         return Upscaler(
             copy.deepcopy(net), self.opt["scale"], device=str(self.device), precision="fp32", memory_budget=budget
         )
+
+    def load_network(self, net, load_path, strict=True, param_key="params") -> None:
+        """BasicSR's ``load_network``; a ``.safetensors`` path is read with safetensors (``param_key`` ignored: the
+        file holds one network's state dict)."""
+        if not str(load_path).endswith(".safetensors"):
+            return super().load_network(net, load_path, strict, param_key)
+        from basicsr.utils import get_root_logger
+        from safetensors.torch import load_file
+
+        net = self.get_bare_model(net)
+        state = load_file(str(load_path), device="cpu")
+        state = {k.removeprefix("module."): v for k, v in state.items()}
+        get_root_logger().info(f"Loading {net.__class__.__name__} model from {load_path} (safetensors).")
+        self._print_different_keys_loading(net, state, strict)
+        net.load_state_dict(state, strict=strict)
 
     def nondist_validation(self, dataloader, current_iter, tb_logger, save_img) -> None:
         """BasicSR's validation loop, with one engine (copy, inference graph, memory probes) for all its images."""

@@ -1,0 +1,92 @@
+"""The shipped x4 pair's training stages: a stage starts from the shipped weights of the one before (a
+``.safetensors`` through BasicSR's options), and stage 4's options, runs and rebuild chain."""
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import nala_gen.sr.basicsr  # noqa: F401  (registers the archs and UpscalerSRModel; basicsr must come after it)
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"type": "NaLaSR", "upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
+
+
+def build(path: dict):
+    from basicsr.models import build_model
+
+    opt = {"name": "t", "model_type": "UpscalerSRModel", "num_gpu": 0, "is_train": False, "dist": False, "scale": 4}
+    return build_model({**opt, "network_g": TINY, "path": path})
+
+
+def test_pretrain_network_g_loads_a_safetensors_file_and_a_pth_as_basicsr_does(tmp_path):
+    from safetensors.torch import save_file
+
+    torch.manual_seed(1)
+    source = build({"pretrain_network_g": None}).net_g.state_dict()
+    torch.manual_seed(2)
+    assert not torch.equal(build({"pretrain_network_g": None}).net_g.state_dict()["body.conv.weight"],
+                           source["body.conv.weight"])  # fmt: skip
+    save_file({k: v.contiguous() for k, v in source.items()}, str(tmp_path / "w.safetensors"))
+    # param_key names a BasicSR checkpoint's entry; a safetensors file is one state dict, so it is ignored.
+    loaded = build({"pretrain_network_g": str(tmp_path / "w.safetensors"), "param_key_g": "params_ema"})
+    assert all(torch.equal(v, source[k]) for k, v in loaded.net_g.state_dict().items())
+    torch.save({"params_ema": source}, tmp_path / "net_g.pth")  # BasicSR's own path, unchanged
+    loaded = build({"pretrain_network_g": str(tmp_path / "net_g.pth"), "param_key_g": "params_ema"})
+    assert all(torch.equal(v, source[k]) for k, v in loaded.net_g.state_dict().items())
+    # strict_load_g holds as given: a key the network lacks fails a strict load, not a loose one.
+    save_file({**source, "extra.weight": torch.zeros(1)}, str(tmp_path / "extra.safetensors"))
+    with pytest.raises(RuntimeError, match="extra.weight"):
+        build({"pretrain_network_g": str(tmp_path / "extra.safetensors")})
+    build({"pretrain_network_g": str(tmp_path / "extra.safetensors"), "strict_load_g": False})
+
+
+STAGE4 = {
+    "nalasr-light-x4": ("NaLaSR/train_NaLaSR_light_x4", "NaLaSR_light_x4"),
+    "esrt-x4": ("ESRT/train_ESRT_x4", "ESRT_x4"),
+}
+
+
+@pytest.mark.parametrize("weights", list(STAGE4))
+def test_stage4_starts_from_stage3_and_follows_it_in_the_rebuild(weights):
+    import importlib.util
+
+    stem, name = STAGE4[weights]
+    stage3, stage4 = (
+        yaml.safe_load((REPO / "options" / "train" / f"{stem}_{s}.yml").read_text())
+        for s in ("photos_ft", "photos_stage4")
+    )
+    # make weights-sr chains the stages: stage 4 starts from stage 3's run (its EMA), after it.
+    assert stage4["path"]["pretrain_network_g"] == f"experiments/{stage3['name']}/models/net_g_latest.pth"
+    assert stage4["path"]["param_key_g"] == "params_ema"
+    train = stage4["train"]
+    assert (train["total_iter"], train["optim_g"]["lr"], train["ema_decay"]) == (3500, 1e-4, 0.999)
+    assert train["scheduler"]["milestones"] == [1750, 2625, 3100] and stage4["val"]["val_freq"] == 3500
+    data = stage4["datasets"]["train"]
+    assert data["use_hflip"] and data["use_rot"] and data["dataroot_gt"] == stage3["datasets"]["train"]["dataroot_gt"]
+    assert stage4["datasets"]["val"] == stage3["datasets"]["val"]  # compared on the same held-out split
+    # The header's command for a stage 3 that trained elsewhere: the shipped weights, through --force_yml.
+    header = (REPO / "options" / "train" / f"{stem}_photos_stage4.yml").read_text()
+    assert f"--force_yml path:pretrain_network_g=weights/{weights}.safetensors" in header
+    spec = importlib.util.spec_from_file_location("ship", REPO / "scripts" / "ship_sr_weights.py")
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    assert ship.RUNS[weights][-2:] == [f"options/train/{stem}_{s}.yml" for s in ("photos_ft", "photos_stage4")]
+    assert data["name"] in ship.DATA
+    runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
+    runs = [r for r in runs if r != "\\"]
+    assert runs.index(f"{stem}_photos_stage4") > runs.index(f"{stem}_photos_ft")
+
+
+def test_stage4_options_differ_only_in_the_network_and_run():
+    nalasr, esrt = (
+        yaml.safe_load((REPO / "options" / "train" / f"{stem}_photos_stage4.yml").read_text())
+        for stem, _ in STAGE4.values()
+    )
+    starts = [opt["path"].pop("pretrain_network_g") for opt in (nalasr, esrt)]
+    assert starts[0] == starts[1].replace("ESRT_x4", "NaLaSR_light_x4")
+    for opt in (nalasr, esrt):
+        del opt["name"], opt["network_g"]
+    assert nalasr == esrt
