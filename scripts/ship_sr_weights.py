@@ -50,11 +50,13 @@ RUNS = {
         "options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_mini_ft.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_ft.yml",
+        "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage4.yml",
     ],
     "esrt-x4": [
         "options/train/ESRT/train_ESRT_x4_mini.yml",
         "options/train/ESRT/train_ESRT_x4_mini_ft.yml",
         "options/train/ESRT/train_ESRT_x4_photos_ft.yml",
+        "options/train/ESRT/train_ESRT_x4_photos_stage4.yml",
     ],
     "nalasr-light-x2": [
         "options/train/NaLaSR/train_NaLaSR_light_x2_mini.yml",
@@ -67,6 +69,8 @@ DATA = {
     "MATLAB-bicubic LR)",
     "photos": "photo set train split (nala-sr prepare photos: 29 photographs from Debian's wallpaper packages and "
     "scikit-image, 480 px HR sub-images, MATLAB-bicubic LR)",
+    "photos_enlarged": "enlarged photo set train split (nala-sr prepare photos since issue 38: the photo set's 29 "
+    "plus 15 lomiri photographs, train only, 480 px HR sub-images, MATLAB-bicubic LR)",
 }
 VALIDATION = {
     "mini_val": "embedded mini val split (2 scikit-learn + 2 scikit-image photos, held out)",
