@@ -303,7 +303,7 @@ def test_peers_profile_names_the_operators_and_layers_that_take_the_time(tmp_pat
     shares = [r["share"] for r in result["ops"]]
     assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
     layers = {r["layer"]: r for r in result["layers"]}
-    # the layers of the network as the board runs it: its inference graph (nala_gen.sr.upscale.inference_graph)
+    # the layers of the network as the board runs it: its inference graph (nala_gen.sr.archs.inference_graph)
     assert layers["body"]["type"] == "FoldedBody" and layers["body.hpbs.0"]["type"] == "FoldedHPB"
     assert layers["body.transformer"]["ms"] < layers["body"]["ms"]  # a layer's time includes its children's
 

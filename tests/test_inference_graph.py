@@ -1,4 +1,5 @@
-"""The faster inference graph (nala_gen.sr.upscale.inference_graph) computes the plain forward's function."""
+"""The faster inference graph (nala_gen.sr.archs.inference_graph) computes the plain forward's function, and the
+networks' own forward runs it in inference."""
 
 import numpy as np
 import pytest
@@ -6,11 +7,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nala_gen.sr.archs import inference_graph as graph_module
 from nala_gen.sr.archs.esrt_arch import ESRT
+from nala_gen.sr.archs.inference_graph import REACH_PROBES, ComposedUpsampler, compose_chain, inference_graph
 from nala_gen.sr.archs.nalasr_arch import NaLaSR
-from nala_gen.sr.upscale import inference_graph as graph_module
 from nala_gen.sr.upscale.engine import Upscaler
-from nala_gen.sr.upscale.inference_graph import REACH_PROBES, ComposedUpsampler, compose_chain, inference_graph
 
 TOL = 1e-5
 
@@ -26,7 +27,7 @@ def trained_looking(net: nn.Module, seed: int) -> nn.Module:
 
 def plain_and_graph(net: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.inference_mode():
-        return net(x), inference_graph(net)(x)
+        return net.forward_layers(x), inference_graph(net)(x)
 
 
 @pytest.mark.parametrize("scale", [2, 3, 4])
@@ -87,7 +88,7 @@ def test_the_graph_is_built_once_and_again_after_new_weights():
     assert inference_graph(net) is not graph
     x = torch.rand(1, 3, 17, 19)
     with torch.inference_mode():
-        assert (inference_graph(net)(x) - other(x)).abs().max().item() <= TOL
+        assert (inference_graph(net)(x) - other.forward_layers(x)).abs().max().item() <= TOL
     assert inference_graph(net.train()) is net  # training runs the plain modules
 
 
@@ -97,6 +98,7 @@ def test_the_engine_runs_the_graph_and_matches_the_plain_network_on_tiles():
     engine = Upscaler(net, 4, "cpu", tile=32, tile_pad=8)
     assert engine.model is not engine.network
     fast, _ = engine.upscale(img)
+    engine.network.fast_inference = False  # its own forward would run the graph too
     engine.model = engine.network
     plain, _ = engine.upscale(img)
     assert np.abs(fast.astype(np.int64) - plain.astype(np.int64)).max() <= 1
@@ -159,7 +161,53 @@ def test_the_graph_moves_to_channels_last_as_the_engine_moves_it():
     net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=2, num_heads=4), seed=3)
     x = torch.rand(1, 3, 19, 22, generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
-        plain = net(x)
+        plain = net.forward_layers(x)
         graph = inference_graph(net).to(memory_format=torch.channels_last)
         moved = graph(x.contiguous(memory_format=torch.channels_last))
     assert (plain - moved).abs().max().item() <= TOL
+
+
+def tiny_nalasr(seed: int = 9) -> NaLaSR:
+    return trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=seed)
+
+
+@pytest.mark.parametrize("context", ["no_grad", "inference_mode"])
+def test_the_networks_own_forward_runs_the_graph_in_inference(context):
+    # What spandrel, BasicSR's test and a user's script call: net.eval(), then net(x) without autograd.
+    for net in (tiny_nalasr(), trained_looking(ESRT(upscale=3, num_feat=16, num_block=1, num_heads=4), seed=1)):
+        x = torch.rand(1, 3, 21, 18, generator=torch.Generator().manual_seed(5))
+        with getattr(torch, context)():
+            out = net(x)
+            assert out.is_contiguous()  # the caller's layout (the graph itself runs channels-last)
+            assert net in graph_module._GRAPHS  # built by the call above
+            assert torch.equal(out, inference_graph(net)(x))
+            layers = net.forward_layers(x)
+        assert not torch.equal(out, layers)  # a different computation (composed and folded layers) ...
+        assert (out - layers).abs().max().item() <= TOL  # ... of the same function
+
+
+def test_frozen_parameters_and_an_input_without_grad_run_the_graph_with_autograd_on():
+    net = tiny_nalasr().requires_grad_(False)
+    x = torch.rand(1, 3, 14, 15)
+    out = net(x)
+    assert torch.equal(out, inference_graph(net)(x)) and not out.requires_grad
+
+
+@pytest.mark.parametrize("case", ["training", "parameter_grads", "input_grad", "switched_off"])
+def test_the_layers_run_where_autograd_or_the_user_needs_them(case):
+    net = tiny_nalasr()
+    x = torch.rand(1, 3, 14, 15, requires_grad=case == "input_grad")
+    if case == "training":
+        net.train()
+    if case == "switched_off":
+        net.fast_inference = False
+    with torch.set_grad_enabled(case != "switched_off"):
+        out = net(x)
+        assert torch.equal(out, net.forward_layers(x))
+    assert net not in graph_module._GRAPHS
+    if case in ("training", "parameter_grads"):  # gradients reach the weights, in eval mode too
+        out.square().mean().backward()
+        assert net.head.weight.grad is not None and net.head.weight.grad.abs().sum() > 0
+    if case == "input_grad":  # and the input (an adversarial or perceptual loss through a frozen network)
+        out.sum().backward()
+        assert x.grad is not None and x.grad.abs().sum() > 0

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from nala_gen.bench.upscale_folder import make_clip
+from nala_gen.sr.archs.inference_graph import inference_graph
 from nala_gen.sr.jobs.video import VideoError, probe, upscale_video
 from nala_gen.sr.loading import build_arch
 from nala_gen.sr.upscale.engine import Upscaler
-from nala_gen.sr.upscale.inference_graph import inference_graph
 from nala_gen.weights import write_weights
 
 TINY = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}

@@ -183,19 +183,19 @@ def flops_of(fn):
 
 
 def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool) -> dict:
-    """One network at one LR side in this (fresh) process: whole-image forward as the engine runs it (channels-last,
-    the inference graph, reused temporaries), or the engine's auto tiles within a 4 GiB budget. The memory figures
+    """One network at one LR side in this (fresh) process: the module's own ``net(x)`` in eval mode under
+    ``torch.inference_mode()`` (channels-last, reused temporaries, as the engine runs it; NaLaSR and ESRT then run
+    their inference graph), or the engine's auto tiles within a 4 GiB budget. The memory figures
     are read after an untimed warm-up pass and the timed ones, before the FLOPs are counted on one more pass: the
     counter is a measuring instrument (a dispatch mode over every op), and its pass grows the heap beyond what the
     network's own passes need."""
     import resource
 
     from nala_gen.profiling import current_rss, reused_large_temporaries
-    from nala_gen.sr.upscale.inference_graph import inference_graph
 
     limit_memory(mem_limit)
     torch.manual_seed(0)
-    net = inference_graph(build(model).eval().to(memory_format=torch.channels_last))  # as the engine runs it
+    net = build(model).eval().to(memory_format=torch.channels_last)  # the module itself, as a user calls it
     x = padded_input(model, side, side).contiguous(memory_format=torch.channels_last)
     loaded = current_rss()  # libraries, weights and the input: what the process holds before any pass
     # the engine's allocator setting for a pass (no page faults for each temporary), for every network alike
@@ -249,10 +249,10 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
 
 def profile_worker(model: str, side: int, repeats: int) -> dict:
     """Per-operator and per-layer times of one whole-image forward in this (fresh) process, run as peer_worker
-    runs it."""
+    runs it. The layers are those ``net(x)`` runs: for NaLaSR and ESRT, their inference graph's."""
     from nala_gen.bench.sr_profile import profile_forward
     from nala_gen.profiling import reused_large_temporaries
-    from nala_gen.sr.upscale.inference_graph import inference_graph
+    from nala_gen.sr.archs.inference_graph import inference_graph
 
     torch.manual_seed(0)
     net = inference_graph(build(model).eval().to(memory_format=torch.channels_last))

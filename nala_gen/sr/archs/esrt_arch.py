@@ -296,12 +296,39 @@ class ESRTLayout(nn.Module):
             *upsampler(upscale, num_feat), conv3x3(num_feat, num_out_ch, bias=False), nn.ReLU(inplace=True)
         )
 
+    # Set to False on a network (or a subclass) to run its layers one by one in inference too.
+    fast_inference: bool = True
+
     def forward(self, x: Tensor) -> Tensor:
-        """x: (B, C_in, H, W) in [0, 1] -> (B, C_out, H * upscale, W * upscale)."""
+        """x: (B, C_in, H, W) in [0, 1] -> (B, C_out, H * upscale, W * upscale).
+
+        In inference (eval mode, and no autograd graph to build: under ``torch.no_grad()`` or
+        ``torch.inference_mode()``, or with frozen parameters and an input that needs no gradient) this runs the
+        network's inference graph (:mod:`~nala_gen.sr.archs.inference_graph`: the same function with folded and
+        composed layers, several times faster); otherwise, and while being traced, compiled or exported,
+        :meth:`forward_layers`. Tests hold the two equal to float32 rounding.
+        """
+        if self._runs_inference_graph(x):
+            from .inference_graph import inference_graph  # it imports this module
+
+            return inference_graph(self)(x)
+        return self.forward_layers(x)
+
+    def forward_layers(self, x: Tensor) -> Tensor:
+        """The network layer by layer, as trained (autograd, tracing and export run this)."""
         if min(x.shape[-2:]) < 2:
             raise ValueError(f"input must be at least 2x2 pixels, got {tuple(x.shape[-2:])}")
         shallow = self.head(x)
         return self.tail(self.reduce(self.body(shallow))) + self.skip(shallow)
+
+    def _runs_inference_graph(self, x: Tensor) -> bool:
+        if self.training or not self.fast_inference:
+            return False
+        # The graph is Python over eager ops and the fused C++ NaLa op: graph capture sees the layers instead.
+        if torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing():
+            return False
+        # Its weights are folded copies: where autograd would record the pass, run the layers that own the weights.
+        return not torch.is_grad_enabled() or not (x.requires_grad or any(p.requires_grad for p in self.parameters()))
 
 
 class ESRT(ESRTLayout, PyTorchModelHubMixin, library_name="nala_gen", tags=["super-resolution", "esrt"]):

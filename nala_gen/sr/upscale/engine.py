@@ -36,9 +36,9 @@ from tqdm import tqdm
 from nala_gen.devices import pick_device
 from nala_gen.profiling import PeakMemory, return_large_frees_promptly, reused_large_temporaries
 
+from ..archs.inference_graph import inference_graph
 from . import probe_cache
 from .imageio import has_alpha, write_image_atomic, write_png_rows
-from .inference_graph import inference_graph
 from .resample import RowResizer, resize_rows
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -286,7 +286,7 @@ class Upscaler:
         # Channels-last (NHWC) lets oneDNN and cuDNN run the convolutions, which dominate SR, without layout
         # conversions: 15-30 % faster on this CPU at 48-250 px inputs, same output to 2e-6.
         self.network = model.to(self.device, memory_format=torch.channels_last).eval()
-        self.model = inference_graph(self.network)  # the same function, faster (nala_gen.sr.upscale.inference_graph)
+        self.model = inference_graph(self.network)  # what net(x) runs in inference (nala_gen.sr.archs.inference_graph)
         self.size_multiple = size_multiple(self.network)
         self.scale = scale
         self.tile = tile

@@ -44,7 +44,7 @@ def cache_path() -> Path | None:
 
 # The modules whose code decides a pass's memory: a changed line in any of them is a new key (the package's
 # version is not bumped for every commit).
-_PASS_SOURCES = ("nala_gen.sr.upscale.inference_graph", "nala_gen.sr.archs.esrt_arch", "nala_gen.sr.archs.nalasr_arch",
+_PASS_SOURCES = ("nala_gen.sr.archs.inference_graph", "nala_gen.sr.archs.esrt_arch", "nala_gen.sr.archs.nalasr_arch",
                  "nala_gen.attention.modules", "nala_gen.attention.functional", "nala_gen.attention.fused",
                  "nala_gen.attention.kernels")  # fmt: skip
 
