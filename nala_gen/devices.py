@@ -27,6 +27,28 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
+# CPU flags (as Linux names them) of native bf16 arithmetic: AVX-512's dot products (Intel Cooper Lake and later,
+# AMD Zen 4 and later) or AMX tiles (Intel Sapphire Rapids and later).
+NATIVE_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_flags() -> frozenset[str]:
+    """The processor's feature flags (``/proc/cpuinfo``; empty where it cannot be read, e.g. not on Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_native_bf16(flags: frozenset[str] | None = None) -> bool:
+    """Whether this CPU computes bf16 natively. Elsewhere oneDNN and PyTorch emulate it, slower than fp32."""
+    return bool((cpu_flags() if flags is None else flags) & NATIVE_BF16_FLAGS)
+
+
 def cpu_model() -> str:
     """The processor's name (``/proc/cpuinfo`` on Linux, else what ``platform`` says): the same script gives other
     figures on another CPU, and a shared machine's CPU can change between sessions."""

@@ -428,3 +428,37 @@ def test_peer_board_keeps_the_rows_it_does_not_rerun_and_says_from_which_run():
     assert all(r["latency_s"] == 0.5 and r["run"] == "now" for r in rows if r["model"] == "nalasr")
     assert all(r["run"] == "earlier run" and r["latency_s"] == 1.0 for r in rows if r["model"] != "nalasr")
     assert costs["nalasr"] == {"params": 2} and costs["swinir"] == {"params": 1}
+
+
+def test_peer_board_at_two_precisions_pairs_each_network_with_its_bf16_run(tmp_path):
+    from nala_gen.bench.sr_scaling import peers_main
+    from nala_gen.devices import cpu_native_bf16
+
+    args = ["--models", "nalasr", "srvgg", "--precisions", "fp32", "bf16", "--sides", "8"]
+    code = peers_main([*args, "--repeats", "1", "--rounds", "2", "--out", str(tmp_path)])
+    if not cpu_native_bf16():
+        assert code == 1 and not (tmp_path / "sr_peers_precision.json").exists()
+        return
+    assert code == 0 and (tmp_path / "sr_peers_precision.png").is_file()
+    assert not (tmp_path / "sr_peers.json").exists()  # the fp32 board is not replaced
+    result = json.loads((tmp_path / "sr_peers_precision.json").read_text())
+    rows = {r["model"]: r for r in result["rows"]}
+    assert list(rows) == ["nalasr", "nalasr@bf16", "srvgg", "srvgg@bf16"]
+    assert [rows[m]["precision"] for m in rows] == ["fp32", "bf16", "fp32", "bf16"]
+    assert all(r["status"] == "ok" and len(r["rounds_latency_s"]) == 2 for r in rows.values())
+    assert rows["nalasr@bf16"]["params"] == rows["nalasr"]["params"]
+
+
+def test_dit_sizes_times_both_models_at_each_side_with_paired_rounds(tmp_path):
+    from nala_gen.bench.dit_sizes import main
+
+    args = ["--sides", "8", "16", "--rounds", "2", "--repeats", "1", "--batch", "1", "--out", str(tmp_path)]
+    assert main(args) == 0
+    result = json.loads((tmp_path / "dit_sizes.json").read_text())
+    rows = {(r["model"], r["side"]): r for r in result["rows"]}
+    assert set(rows) == {(m, s) for m in ("naladit-digits", "naladit-digits-softmax") for s in (8, 16)}
+    assert rows[("naladit-digits", 16)]["tokens"] == 64 and rows[("naladit-digits", 8)]["tokens"] == 16
+    assert {rows[("naladit-digits", 8)]["kernel"], rows[("naladit-digits-softmax", 8)]["kernel"]} == {"nala", "softmax"}
+    assert all(len(r["rounds_s"]) == 2 for r in rows.values())
+    assert [len(v) for v in result["ratio_rounds"].values()] == [2, 2]
+    assert (tmp_path / "dit_sizes.png").is_file()

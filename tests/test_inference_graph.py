@@ -211,3 +211,17 @@ def test_the_layers_run_where_autograd_or_the_user_needs_them(case):
     if case == "input_grad":  # and the input (an adversarial or perceptual loss through a frozen network)
         out.sum().backward()
         assert x.grad is not None and x.grad.abs().sum() > 0
+
+
+def test_the_graph_under_bf16_autocast_keeps_to_the_layers_under_it():
+    # bf16 on a CPU (where it is native) runs the graph under autocast; its PReLUs compute in float32 there.
+    net = tiny_nalasr(seed=11)
+    x = torch.rand(1, 3, 20, 17, generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        reference = net.forward_layers(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            layers, graph = net.forward_layers(x).float(), net(x).float()
+    assert any(isinstance(m, graph_module.Float32PReLU) for m in inference_graph(net).modules())
+    layers_error = (layers - reference).abs().max().item()
+    assert 0 < layers_error < 0.1  # bf16 rounding, visible
+    assert (graph - reference).abs().max().item() <= 2 * layers_error

@@ -398,3 +398,31 @@ def test_ship_script_refuses_an_unknown_weight_name(ship, tmp_path, monkeypatch)
     with pytest.raises(SystemExit, match="unknown weights nalasr-x9; shipped here: nalasr-light-x4, esrt-x4"):
         ship.main(["nalasr-light-x2", "nalasr-x9"])
     assert not any(tmp_path.iterdir())
+
+
+def test_evaluate_runs_a_model_at_the_precision_its_spec_names(mini_root, tmp_path):
+    """``NAME@bf16`` is the same weights under bf16 autocast, reported beside ``NAME``; where this CPU has no native
+    bf16, the whole evaluation is refused in one line before any image."""
+    from nala_gen.devices import cpu_native_bf16
+    from nala_gen.sr.evaluate import evaluate, model_precision
+    from nala_gen.sr.loading import build_arch
+    from nala_gen.weights import write_weights
+
+    assert model_precision("nalasr-light-x4@bf16") == ("nalasr-light-x4", "bf16")
+    assert model_precision("runs/net@v2.json") == ("runs/net@v2.json", "auto")  # not a precision: part of the name
+    config = {"upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4}
+    net = build_arch("NaLaSR", config)
+    with torch.no_grad():  # a network whose output is not near zero, so bf16 rounding shows in the scores
+        net.tail[-1].bias.fill_(0.3)
+    write_weights(net.state_dict(), tmp_path, "tiny", "sr", "NaLaSR", config, {})
+    model = str(tmp_path / "tiny.json")
+    data = mini_root / "datasets" / "mini" / "val"
+    if not cpu_native_bf16():
+        with pytest.raises(ValueError, match="AVX512_BF16 or AMX"):
+            evaluate(data, 4, [model, model + "@bf16"])
+        return
+    results = evaluate(data, 4, [model, model + "@bf16"])
+    fp32, bf16 = results[model], results[model + "@bf16"]
+    assert bf16["per_image"].keys() == fp32["per_image"].keys()
+    assert bf16["psnr"] == pytest.approx(fp32["psnr"], abs=0.05)  # the same network ...
+    assert bf16["per_image"] != fp32["per_image"]  # ... at another precision

@@ -264,6 +264,23 @@ def test_bad_models_fail_cleanly(tmp_path, weights, capsys, args, message):
     assert not out.exists()
 
 
+def test_bf16_on_a_cpu_is_native_or_refused_in_one_line(tmp_path, weights, capsys):
+    from nala_gen.devices import cpu_native_bf16
+
+    assert cpu_native_bf16(frozenset({"avx2", "avx512f", "avx512_bf16"}))
+    assert cpu_native_bf16(frozenset({"avx2", "amx_tile", "amx_bf16"}))
+    assert not cpu_native_bf16(frozenset({"avx2", "fma", "avx512f", "avx512bw"}))  # emulated there
+    src = save(rng_image((12, 12, 3)), tmp_path / "in.png")
+    out = tmp_path / "out.png"
+    args = ["-m", weights / "tiny-x4.json", "--precision", "bf16", "--device", "cpu"]
+    code, _, err = run([src, "-o", out, *args], capsys)
+    if cpu_native_bf16():
+        assert code == 0 and out.is_file(), err
+    else:
+        assert code == 1 and len(err.strip().splitlines()) == 1 and "AVX512_BF16 or AMX" in err
+        assert not out.exists()
+
+
 def test_a_corrupted_payload_is_refused(tmp_path, weights):
     import shutil
 

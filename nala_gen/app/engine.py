@@ -69,9 +69,15 @@ def devices() -> list[str]:
 
 
 def precisions() -> list[str]:
+    """What the precision menu offers on this machine: fp16 with a GPU; bf16 with a GPU or a CPU that computes it
+    natively (emulated bf16 is slower than fp32)."""
     import torch
 
-    return ["auto", "fp32", "bf16", "fp16"] if torch.cuda.is_available() else ["auto", "fp32", "bf16"]
+    from nala_gen.devices import cpu_native_bf16
+
+    if torch.cuda.is_available():
+        return ["auto", "fp32", "bf16", "fp16"]
+    return ["auto", "fp32", "bf16"] if cpu_native_bf16() else ["auto", "fp32"]
 
 
 def to_display(img: np.ndarray) -> np.ndarray:

@@ -182,6 +182,12 @@ def flops_of(fn):
     return result, counter.get_total_flops()
 
 
+def entry_precision(entry: str) -> tuple[str, str]:
+    """A board entry, ``MODEL`` (fp32) or ``MODEL@bf16``, -> (model, precision)."""
+    model, _, precision = entry.partition("@")
+    return model, precision or "fp32"
+
+
 def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool) -> dict:
     """One network at one LR side in this (fresh) process: the module's own ``net(x)`` in eval mode under
     ``torch.inference_mode()`` (channels-last, reused temporaries, as the engine runs it; NaLaSR and ESRT then run
@@ -193,19 +199,22 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
 
     from nala_gen.profiling import current_rss, reused_large_temporaries
 
+    model, precision = entry_precision(model)
     limit_memory(mem_limit)
     torch.manual_seed(0)
     net = build(model).eval().to(memory_format=torch.channels_last)  # the module itself, as a user calls it
     x = padded_input(model, side, side).contiguous(memory_format=torch.channels_last)
     loaded = current_rss()  # libraries, weights and the input: what the process holds before any pass
-    # the engine's allocator setting for a pass (no page faults for each temporary), for every network alike
-    with torch.inference_mode(), reused_large_temporaries():
+    # the engine's allocator setting for a pass (no page faults for each temporary), for every network alike; bf16
+    # as the engine runs it (autocast)
+    bf16 = torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16")
+    with torch.inference_mode(), reused_large_temporaries(), bf16:
         if tiled:
             import numpy as np
 
             from nala_gen.sr.upscale.engine import Upscaler
 
-            engine = Upscaler(net, 4, "cpu", memory_budget=4 * 2**30)
+            engine = Upscaler(net, 4, "cpu", precision=precision, memory_budget=4 * 2**30)
             img = np.random.default_rng(0).integers(0, 256, (side, side, 3), dtype=np.uint8)
 
             def one_pass():
@@ -334,6 +343,32 @@ def plot_pareto(rows: list[dict], psnr: dict, path: Path) -> None:
     pareto_figure(rows, psnr).savefig(path)
 
 
+def plot_precisions(rows: list[dict], path: Path) -> None:
+    """Seconds per whole-image forward of each board entry (network at a precision), grouped by output size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = list(dict.fromkeys(r["model"] for r in rows))
+    sides = sorted({r["lr_side"] for r in rows})
+    fig, ax = plt.subplots(figsize=(6.5, 3.6), dpi=110)
+    width = 0.8 / len(entries)
+    for i, entry in enumerate(entries):
+        times = [
+            next((r["latency_s"] for r in rows if r["model"] == entry and r["lr_side"] == s and r["status"] == "ok"), 0)
+            for s in sides
+        ]
+        ax.bar([j + (i - (len(entries) - 1) / 2) * width for j in range(len(sides))], times, width, label=entry)
+    ax.set_xticks(range(len(sides)), [f"{(4 * s) ** 2 / 1e6:.2g} MP out" for s in sides])
+    ax.set_ylabel("seconds per forward (median process)")
+    ax.set_title("x4 networks at fp32 and bf16 (autocast), this CPU", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def kept_rows(previous: dict, rows: list[dict], costs: dict) -> tuple[list[dict], dict]:
     """The new rows with the previous board's rows of the networks not rerun (marked with their own run, or
     "earlier run" for files from before runs were recorded), in board order; and the costs of all of them."""
@@ -341,7 +376,7 @@ def kept_rows(previous: dict, rows: list[dict], costs: dict) -> tuple[list[dict]
     rerun = {r["model"] for r in rows}
     order = list(ARCHS)
     rank = {model: i for i, model in enumerate(order)}
-    merged = sorted([*rows, *kept], key=lambda r: (r["lr_side"], rank.get(r["model"], len(order))))
+    merged = sorted([*rows, *kept], key=lambda r: (r["lr_side"], rank.get(entry_precision(r["model"])[0], len(order))))
     return merged, {**{m: c for m, c in previous.get("costs", {}).items() if m not in rerun}, **costs}
 
 
@@ -386,6 +421,14 @@ def peers_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nala-bench peers", description="NaLaSR among the SR networks people use.")
     parser.add_argument("--models", nargs="+", default=list(BOARD), choices=list(ARCHS))
     parser.add_argument("--sides", nargs="+", type=int, default=list(PEER_SIDES), help="square LR sides")
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        default=["fp32"],
+        choices=["fp32", "bf16"],
+        help="each network at each (bf16: autocast, as the engine runs it; needs a CPU with AVX512_BF16 or AMX); "
+        "other than fp32 alone, the board goes to sr_peers_precision.json",
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--rounds",
@@ -439,24 +482,33 @@ def peers_main(argv: list[str] | None = None) -> int:
         return 0
     if args.profile:
         return profiles(args.profile, args.sides[0], args.repeats, args.out)
+    if "bf16" in args.precisions:
+        from nala_gen.devices import cpu_model, cpu_native_bf16
+
+        if not cpu_native_bf16():
+            print(f"nala-bench peers: error: bf16: this CPU ({cpu_model()}) has no AVX512_BF16 or AMX", file=sys.stderr)
+            return 1
+    # board entries: each network at each precision, "MODEL" for fp32 and "MODEL@bf16"
+    entries = [m if p == "fp32" else f"{m}@{p}" for m in args.models for p in args.precisions]
     costs = {}
-    for model in args.models:
-        net = build(model)
-        costs[model] = {"arch": ARCHS[model][0], "params": sum(p.numel() for p in net.parameters())}
+    for entry in entries:
+        net = build(entry_precision(entry)[0])
+        costs[entry] = {"arch": ARCHS[entry_precision(entry)[0]][0], "params": sum(p.numel() for p in net.parameters())}
     run = run_stamp()
     rounds = max(1, args.rounds)
     rows = []
     for side in args.sides:
-        measured: dict[str, list[dict]] = {model: [] for model in args.models}
+        measured: dict[str, list[dict]] = {entry: [] for entry in entries}
         for round_index in range(rounds):
-            for model in args.models if round_index % 2 == 0 else args.models[::-1]:
+            for model in entries if round_index % 2 == 0 else entries[::-1]:
                 if f"{model}:{side}" in args.skip:
                     if not measured[model]:
                         measured[model].append({"status": "skipped", "note": "not run (--skip)"})
                     continue
                 measured[model].append(_peer_point(model, side, args))
-        for model in args.models:
+        for model in entries:
             row = {"model": model, "lr_side": side, **costs[model], **_median_process(measured[model]), "run": run}
+            row["precision"] = entry_precision(model)[1]
             rows.append(row)
             shown = (
                 f"{row['latency_s']:7.2f} s  {row['megapixels_per_s']:.3f} MP/s  {row['gflop_per_mp']:7.1f} GFLOP/MP  "
@@ -467,7 +519,8 @@ def peers_main(argv: list[str] | None = None) -> int:
                 else f"{row['status']}: {row.get('note', '')[:80]}"
             )
             print(f"{model:<7} {side:>4}² LR  {shown}", flush=True)
-    previous = args.out / "sr_peers.json"
+    stem = "sr_peers" if args.precisions == ["fp32"] else "sr_peers_precision"
+    previous = args.out / f"{stem}.json"
     if args.keep_others and previous.is_file():
         rows, costs = kept_rows(json.loads(previous.read_text()), rows, costs)
     psnr = ablation_psnr(args.out / "sr_ablation.json")
@@ -476,9 +529,13 @@ def peers_main(argv: list[str] | None = None) -> int:
     result["run"] = run
     result.update(costs=costs, rows=rows, ablation_psnr=psnr)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sr_peers.json").write_text(json.dumps(result, indent=1))
-    plot_pareto(rows, psnr, args.out / "sr_peers.png")
-    print(f"wrote {args.out / 'sr_peers.json'} and {args.out / 'sr_peers.png'}")
+    result["precisions"] = args.precisions
+    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+    if stem == "sr_peers":
+        plot_pareto(rows, psnr, args.out / f"{stem}.png")
+    else:
+        plot_precisions(rows, args.out / f"{stem}.png")
+    print(f"wrote {args.out / stem}.json and {args.out / stem}.png")
     return 0
 
 

@@ -218,7 +218,13 @@ def upscale(argv: list[str]) -> int:
         "auto (default): 1 on a GPU, 0 on the CPU, where the network already keeps every core busy",
     )
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    parser.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16", "fp16"])
+    parser.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "fp32", "bf16", "fp16"],
+        help="auto: fp32 on CPU, bf16 or fp16 on GPUs; bf16 on a CPU needs AVX512_BF16 or AMX (faster convolutions; "
+        "docs/upscaling.md gives its speed and quality)",
+    )
     parser.add_argument("--alpha", default="model", choices=["model", "bicubic"], help="how alpha is upscaled")
     parser.add_argument("--suffix", help="added to output names (default _x<outscale>)")
     parser.add_argument("--ext", default="auto", choices=["auto", "png", "jpg", "webp"])

@@ -4,6 +4,10 @@ Y channel with ``crop_border = scale``, BasicSR's metric functions: the conventi
 Bicubic is MATLAB's (``basicsr.utils.matlab_functions.imresize``), as in the papers' bicubic rows.
 
     nala-sr evaluate --data datasets/mini/val --scale 4 --models bicubic esrt-x4 nalasr-light-x4
+
+A model given as ``NAME@PRECISION`` (``nalasr-light-x4@bf16``) runs at that precision (the upscaler's ``fp32``,
+``bf16`` or ``fp16``; plain names at the upscaler's default, fp32 on a CPU), and is reported under that spec,
+beside the row of the same weights without it.
 """
 
 from __future__ import annotations
@@ -59,6 +63,14 @@ def read_pair(gt_path: Path, lr_path: Path, scale: int) -> tuple[np.ndarray, np.
     return gt, lr
 
 
+def model_precision(spec: str) -> tuple[str, str]:
+    """``NAME@PRECISION`` -> (NAME, PRECISION); a spec without a known precision suffix -> (spec, ``auto``)."""
+    from .upscale.engine import PRECISIONS
+
+    name, _, precision = spec.rpartition("@")
+    return (name, precision) if name and precision in PRECISIONS else (spec, "auto")
+
+
 def evaluate(
     data: Path,
     scale: int,
@@ -69,7 +81,8 @@ def evaluate(
 ) -> dict[str, dict]:
     """``{model: {"psnr": mean, "ssim": mean, "per_image": {...}}}`` over the folder's images.
 
-    ``models``: ``bicubic``, names, weight paths, or BasicSR ``.pth`` checkpoints described by ``option``.
+    ``models``: ``bicubic``, names, weight paths, or BasicSR ``.pth`` checkpoints described by ``option``; each
+    optionally ``@fp32``, ``@bf16`` or ``@fp16`` (the precision it runs at; the upscaler's ``auto`` without).
     ``tile``: the upscaler's (0: each image whole; ``auto``: whole where the job fits the memory budget, tiled
     where it does not, as a quadratic attention needs on large pictures).
     ``memory_budget``: bytes per job for ``tile="auto"`` (default: half of the host's available memory, which two
@@ -82,12 +95,14 @@ def evaluate(
     if not gt_paths:
         raise FileNotFoundError(f"no images in {data / 'GTmod12'} (nala-sr prepare mini makes the embedded set)")
     results = {}
+    engines = {}  # every model's engine first: a precision this machine cannot run fails before any image
+    for spec in models:
+        name, precision = model_precision(spec)
+        if name != "bicubic":
+            net = load_sr_model(name, scale, option)[0]
+            engines[spec] = Upscaler(net, scale, precision=precision, tile=tile, memory_budget=memory_budget)
     for name in models:
-        engine = (
-            None
-            if name == "bicubic"
-            else Upscaler(load_sr_model(name, scale, option)[0], scale, tile=tile, memory_budget=memory_budget)
-        )
+        engine = engines.get(name)
         per_image = {}
         for gt_path in gt_paths:
             gt, lr = read_pair(gt_path, data / f"LRbicx{scale}" / gt_path.name, scale)

@@ -12,7 +12,9 @@ What it does that the usual scripts do not:
 * alpha kept, upscaled by the model or by bicubic (``alpha="model" | "bicubic"``), grayscale kept as
   grayscale, 16-bit kept as 16-bit;
 * any output scale (``outscale``): the model's scale, then Lanczos (or area when shrinking);
-* fp32 on CPU, bf16/fp16 autocast on GPUs (fp16 on CPU is refused: there are no half kernels there);
+* fp32 on CPU by default, bf16/fp16 autocast on GPUs; bf16 autocast on a CPU that computes it natively
+  (AVX512_BF16 or AMX: the convolutions run about twice as fast; refused elsewhere, where it is emulated), fp16
+  on CPU refused (there are no half kernels there);
 * channels-last convolutions (the bulk of an SR network's time);
 * batched passes (``batch=N | "auto"``): tiles of one size in a row of tiles, and whole images of one size
   (:meth:`Upscaler.upscale_group`), go through the network together, within the same memory budget; the tile
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from nala_gen.devices import pick_device
+from nala_gen.devices import cpu_model, cpu_native_bf16, pick_device
 from nala_gen.profiling import PeakMemory, return_large_frees_promptly, reused_large_temporaries
 
 from ..archs.inference_graph import inference_graph
@@ -132,6 +134,11 @@ def pick_precision(precision: str, device: torch.device) -> str:
         raise ValueError(f"unknown precision {precision!r}; choose auto, fp32, bf16 or fp16")
     if precision == "fp16" and device.type == "cpu":
         raise ValueError("fp16 is not supported on CPU (no half-precision kernels); use fp32")
+    if precision == "bf16" and device.type == "cpu" and not cpu_native_bf16():
+        raise ValueError(
+            f"bf16 needs a CPU with AVX512_BF16 or AMX, which this one ({cpu_model()}) lacks (it would be emulated, "
+            "slower than fp32); use fp32"
+        )
     return precision
 
 
