@@ -65,6 +65,10 @@ bench: $(STAMP)
 	$(BIN)/nala-bench sr
 	$(BIN)/nala-bench peers --skip esrt:500  # ESRT at 4 MP out: over 20 minutes (quadratic attention)
 	$(BIN)/nala-bench peers --models nalasr srvgg --rounds 5 --keep-others  # the pair issue 20 compares, alternated
+	if $(BIN)/python -c "import nala_gen.devices as d; raise SystemExit(not d.cpu_native_bf16())"; then \
+		$(BIN)/nala-bench peers --models nalasr srvgg --precisions fp32 bf16 --sides 250 500 --rounds 3; \
+	else echo "bench: this CPU has no native bf16: sr_peers_precision.json and the bf16 quality not remeasured"; fi
+	$(BIN)/nala-bench dit-sizes  # one DDPM step, NaLaDiT against its softmax twin, at 32/64/128 px
 	$(BIN)/nala-bench upscale --engines torch torch_eager onnxruntime
 	$(BIN)/nala-bench upscale-overhead
 	$(BIN)/nala-bench upscale-memory
@@ -82,6 +86,13 @@ bench: $(STAMP)
 		--tile auto --memory-budget-mb 4096 --json benchmarks/results/sr_quality_photos.json
 	$(BIN)/nala-sr evaluate --data datasets/photos/val --scale 2 --models bicubic nalasr-light-x2 \
 		--tile auto --memory-budget-mb 4096 --json benchmarks/results/sr_quality_photos.json
+	if $(BIN)/python -c "import nala_gen.devices as d; raise SystemExit(not d.cpu_native_bf16())"; then \
+		for s in 4 2; do \
+		$(BIN)/nala-sr evaluate --data datasets/mini/val --scale $$s --models bicubic nalasr-light-x$$s nalasr-light-x$$s@bf16 \
+			--json benchmarks/results/sr_quality_bf16.json || exit 1; \
+		$(BIN)/nala-sr evaluate --data datasets/photos/val --scale $$s --models bicubic nalasr-light-x$$s \
+			nalasr-light-x$$s@bf16 --tile auto --memory-budget-mb 4096 \
+			--json benchmarks/results/sr_quality_photos_bf16.json || exit 1; done; fi
 	for m in $(DIGITS_MODELS); do \
 		OMP_NUM_THREADS=1 $(BIN)/nala-gen quality -m $$m --per-class 100 --cfg 2 --json benchmarks/results/digits_quality.json || exit 1; done
 	$(BIN)/python scripts/results_tables.py --write  # docs/results/tables/*.md and the README's headline table

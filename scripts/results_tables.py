@@ -193,6 +193,29 @@ def step_timing_table() -> str:
     return "\n".join(lines)
 
 
+def dit_sizes_table() -> str:
+    """One DDPM step of NaLaDiT and its softmax twin as the image grows (nala-bench dit-sizes)."""
+    data = json.loads((RESULTS / "dit_sizes.json").read_text())
+    rows = {(r["model"], r["side"]): r for r in data["rows"] if r["status"] == "ok"}
+    models = list(dict.fromkeys(r["model"] for r in data["rows"]))
+    sides = sorted({r["side"] for r in data["rows"]})
+    lines = [
+        f"One step (a CFG batch of {data['cfg_batch']}: the transformer's call and the scheduler's step), fp32, "
+        f"{cores(data['machine'])}; median of {data['repeats']} steps per process, the median of "
+        f"{data['rounds']} processes per point with the models alternated round by round.",
+        "",
+        "| image side | tokens | " + " | ".join(f"`{m}`" for m in models) + " | softmax / NaLa, by round |",
+        "|---|---|" + "---|" * len(models) + "---|",
+    ]
+    for side in sides:
+        cells = [f"{rows[(m, side)]['latency_s'] * 1e3:.1f} ms" if (m, side) in rows else "–" for m in models]
+        ratios = sorted(data.get("ratio_rounds", {}).get(str(side), []))
+        shown = f"{ratios[(len(ratios) - 1) // 2]:.2f}× ({', '.join(f'{x:.2f}' for x in ratios)})" if ratios else "–"
+        tokens = next((rows[(m, side)]["tokens"] for m in models if (m, side) in rows), "–")
+        lines.append(row(f"{side} px", f"{tokens:,}" if tokens != "–" else tokens, *cells, shown))
+    return "\n".join(lines)
+
+
 def sr_cost_table(file: str = "sr_scaling.json") -> str:
     data = json.loads((RESULTS / file).read_text())
     rows = data["rows"]
@@ -281,12 +304,23 @@ def sr_quality_table(file: str = "sr_quality.json") -> str:
         "| scale | model | PSNR (Y) | SSIM (Y) | vs bicubic |",
         "|---|---|---|---|---|",
     ]
+    precisions = []  # (scale, spec, its weights' row without a precision): NAME@PRECISION against NAME
     for scale, block in data.items():
         bicubic = block["bicubic"]["psnr"]
         for name, r in block.items():
             if isinstance(r, dict) and "psnr" in r:
                 gain = "" if name == "bicubic" else f"{r['psnr'] - bicubic:+.2f} dB"
                 lines.append(row(scale, f"`{name}`", f"{r['psnr']:.2f}", f"{r['ssim']:.4f}", gain))
+                if "@" in name and name.rpartition("@")[0] in block:
+                    precisions.append((scale, name, name.rpartition("@")[0]))
+    for scale, spec, plain in precisions:
+        block = data[scale]
+        gaps = [abs(a[0] - b[0]) for a, b in zip(block[spec]["per_image"].values(), block[plain]["per_image"].values())]
+        lines += [
+            "",
+            f"{scale} `{spec}` (the same weights, `nala-sr evaluate --models {spec}`) against `{plain}`: mean PSNR "
+            f"{block[spec]['psnr'] - block[plain]['psnr']:+.3f} dB, largest per-picture difference {max(gaps):.3f} dB.",
+        ]
     return "\n".join(lines)
 
 
@@ -408,9 +442,9 @@ def sr_peers_table() -> str:
     psnr = data.get("ablation_psnr", {})
     lines = [
         f"x4, fp32, batch 1, channels-last, random weights (speed and memory do not depend on them), whole-image "
-        f"forward as the upscaling engine runs it (NaLaSR and ESRT through their inference graph; every network "
-        f"with the engine's reused temporaries) unless marked tiled (the engine's auto tiles, 4 GiB budget); "
-        f"median of {data['repeats']} runs "
+        f"forward, the module's own `net(x)` in eval mode under `torch.inference_mode()` (NaLaSR and ESRT then run "
+        f"their inference graph; every network with the engine's reused temporaries) unless marked tiled (the "
+        f"engine's auto tiles, 4 GiB budget); median of {data['repeats']} runs "
         f"after an untimed warm-up pass; fresh process per point"
         + (
             f" (latest run: {data['rounds']} processes per point, the networks of a size alternated round by round; "
@@ -461,6 +495,48 @@ def sr_peers_table() -> str:
                 for m, (p, sd, n) in psnr.items()
             ),
         ]
+    return "\n".join(lines)
+
+
+def sr_peers_precision_table() -> str:
+    """NaLaSR and SRVGG at fp32 and bf16 (autocast) side by side, alternated round by round."""
+    data = json.loads((RESULTS / "sr_peers_precision.json").read_text())
+    lines = [
+        f"`nala-bench peers --models {' '.join(dict.fromkeys(r['model'].partition('@')[0] for r in data['rows']))} "
+        f"--precisions {' '.join(data['precisions'])}`: x4, batch 1, channels-last, random weights, the module's own "
+        f"`net(x)` under `torch.inference_mode()`, bf16 as the engine runs it (autocast); median of "
+        f"{data['repeats']} runs per process, the median of {data['rounds']} processes per point, every entry "
+        f"alternated round by round; {cores(data['machine'])}, torch {data['machine']['torch']} ({data['run']}).",
+        "",
+        "| network | precision | LR in → MP out | s | MP/s | GFLOP/s | process peak | pass peak |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        model, _, precision = r["model"].partition("@")
+        if r["status"] != "ok":
+            lines.append(
+                row(model, precision or "fp32", f"{r['lr_side']}²", r.get("note", r["status"]), "", "", "", "")
+            )
+            continue
+        lines.append(
+            row(
+                model,
+                precision or "fp32",
+                f"{r['lr_side']}² → {r['output_megapixels']:.2f}",
+                f"{r['latency_s']:.2f}",
+                f"{r['megapixels_per_s']:.3f}",
+                f"{r['gflops_achieved']:.0f}",
+                f"{r['process_peak_bytes'] / 2**20:,.0f} MiB",
+                f"{r['pass_peak_bytes'] / 2**20:,.0f} MiB",
+            )
+        )
+    for model, peer in (
+        ("nalasr@bf16", "nalasr"),
+        ("srvgg@bf16", "srvgg"),
+        ("nalasr", "srvgg"),
+        ("nalasr@bf16", "srvgg@bf16"),
+    ):
+        lines += _paired_rounds(data["rows"], model, peer)
     return "\n".join(lines)
 
 
@@ -734,6 +810,13 @@ def headline_table(link: str = "") -> str:
             f"; at {first['size']} ({first['tokens']:,} tokens) ESRT runs out of memory under a "
             f"{first['limit_bytes'] / 2**30:.0f} GiB cap, NaLaSR-light needs {gib(nalasr_there)}"
         )
+    # Only times of the run that timed NaLaSR (this VM's speed changes from day to day); the rest are named.
+    peer_names = {"srvgg": "SRVGGNetCompact", "edsr": "EDSR", "swinir": "SwinIR-light", "esrt": "ESRT"}
+    same_run = [m for m in peer_names if m in mp1 and mp1[m].get("run") == mp1["nalasr"].get("run")]
+    other_runs = [peer_names[m] for m in peer_names if m in mp1 and m not in same_run]
+    peer_times = ", ".join(f"{peer_names[m]} {secs(m)}" for m in same_run)
+    if other_runs:
+        peer_times += f"; {', '.join(other_runs)}: timed in another run (see peers)"
     nala_dit, softmax_dit = variants["nala"], variants["softmax"]
     lines = [
         "| measured | NaLa | baseline | data, hardware | details |",
@@ -750,7 +833,7 @@ def headline_table(link: str = "") -> str:
             f"x4 upscale to {mp1['nalasr']['output_megapixels']:.0f} MP ({mp1['nalasr']['lr_side']}² LR), "
             "whole image: time",
             f"NaLaSR-light {secs('nalasr')}",
-            f"SRVGGNetCompact {secs('srvgg')}, EDSR {secs('edsr')}, SwinIR-light {secs('swinir')}, ESRT {secs('esrt')}",
+            peer_times,
             f"random weights, fp32; {cores(peers['machine'])}, torch {peers['machine']['torch']}",
             f"[peers]({link}peers.md)",
         ),
@@ -800,14 +883,22 @@ TABLES = (
     Table("fused-targets", ("attention_scaling.json", "attention_contention.json"), fused_targets_table),
     Table("attention-d18", ("attention_scaling_d18.json", "attention_scaling_d18_avx2.json"), attention_d18_table),
     Table("step-timing", ("step_timing.json",), step_timing_table),
+    Table("dit-sizes", ("dit_sizes.json",), dit_sizes_table),
     Table("sr-cost", ("sr_scaling.json",), sr_cost_table),
     Table("sr-quality", ("sr_quality.json",), sr_quality_table),
     Table("sr-quality-photos", ("sr_quality_photos.json",), lambda: sr_quality_table("sr_quality_photos.json")),
+    Table("sr-quality-bf16", ("sr_quality_bf16.json",), lambda: sr_quality_table("sr_quality_bf16.json")),
+    Table(
+        "sr-quality-photos-bf16",
+        ("sr_quality_photos_bf16.json",),
+        lambda: sr_quality_table("sr_quality_photos_bf16.json"),
+    ),
     Table("upscale-throughput", ("upscale_throughput.json",), upscale_table),
     Table("upscale-memory", ("upscale_memory.json",), upscale_memory_table),
     Table("upscale-folder", ("upscale_folder.json",), upscale_folder_table),
     Table("upscale-overhead", ("upscale_overhead.json",), upscale_overhead_table),
     Table("sr-peers", ("sr_peers.json",), sr_peers_table),
+    Table("sr-peers-precision", ("sr_peers_precision.json",), sr_peers_precision_table),
     Table("sr-peer-quality", ("sr_ablation.json",), sr_peer_quality_table),
     Table("sr-profile", ("sr_profile.json",), sr_profile_table),
     Table("entropy-random", ("entropy_vs_query_norm.json",), entropy_random_table),
