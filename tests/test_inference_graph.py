@@ -225,3 +225,15 @@ def test_the_graph_under_bf16_autocast_keeps_to_the_layers_under_it():
     layers_error = (layers - reference).abs().max().item()
     assert 0 < layers_error < 0.1  # bf16 rounding, visible
     assert (graph - reference).abs().max().item() <= 2 * layers_error
+
+
+def test_building_the_graph_leaves_the_network_as_it_was():
+    # The graph shares the network's layers and makes new ones only where it folds weights.
+    net = tiny_nalasr(seed=12)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    graph = inference_graph(net)
+    after = net.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    shared = {id(p) for p in net.parameters()}
+    assert any(id(p) in shared for p in graph.parameters())  # the unfolded layers are the network's own
+    assert any(id(p) not in shared for p in graph.parameters())  # the folded ones are new

@@ -30,9 +30,10 @@ Made by :func:`inference_graph` from a trained network in well under a second (n
   channel attention's gate into the next convolution's weight, so no pass copies a map into a wider one or
   multiplies a whole feature map by a scalar or a per-channel gate.
 
-The graph keeps its own copy of the body (folded weights) and shares the head; :func:`inference_graph` builds it
-again when the network's parameters change. Outputs match the plain forward to float32 rounding (tests hold
-them to 1e-5; on the shipped weights the largest difference is a few 1e-6).
+The graph shares the network's layers where it runs them as they are and holds new ones where it folds weights
+(the network is never changed); :func:`inference_graph` builds it again when the network's parameters change.
+Outputs match the plain forward to float32 rounding (tests hold them to 1e-5; on the shipped weights the largest
+difference is a few 1e-6).
 """
 
 from __future__ import annotations
@@ -401,15 +402,32 @@ def _scalar(scale: nn.Module) -> float:
 
 
 def _scaled_conv(conv: nn.Conv2d, out_scale: Tensor | float = 1.0, in_scale: Tensor | None = None) -> nn.Conv2d:
-    """``conv`` changed in place to compute ``out_scale * conv(in_scale * x)`` (scales per channel or scalar); it
-    belongs to the graph's own copy of the body (:class:`FoldedBody`), so the network keeps its weights."""
+    """A new convolution computing ``out_scale * conv(in_scale * x)`` (scales per channel or scalar); ``conv``, the
+    network's, keeps its weights. (The graph shares the network's other layers, so it makes no copy of the body: a
+    deep copy of a module tree costs tens of milliseconds of Python, a one-image ``nala-sr upscale`` pays it.)"""
+    scaled = nn.utils.skip_init(
+        nn.Conv2d,
+        conv.in_channels,
+        conv.out_channels,
+        conv.kernel_size,
+        stride=conv.stride,
+        padding=conv.padding,
+        dilation=conv.dilation,
+        groups=conv.groups,
+        bias=conv.bias is not None,
+        padding_mode=conv.padding_mode,
+        device=conv.weight.device,
+        dtype=conv.weight.dtype,
+    )
     with torch.no_grad():
-        conv.weight.mul_(torch.as_tensor(out_scale).reshape(-1, 1, 1, 1))
+        weight = conv.weight * torch.as_tensor(out_scale).reshape(-1, 1, 1, 1)  # keeps the weight's memory format
         if in_scale is not None:
-            conv.weight.mul_(in_scale.reshape(1, -1, 1, 1))
+            weight = weight * in_scale.reshape(1, -1, 1, 1)
+        scaled.weight = nn.Parameter(weight, requires_grad=conv.weight.requires_grad)
         if conv.bias is not None:
-            conv.bias.mul_(torch.as_tensor(out_scale).reshape(-1))
-    return conv
+            bias = conv.bias * torch.as_tensor(out_scale).reshape(-1)
+            scaled.bias = nn.Parameter(bias, requires_grad=conv.bias.requires_grad)
+    return scaled
 
 
 class Float32PReLU(nn.Module):
@@ -539,17 +557,16 @@ class FoldedBody(nn.Module):
     go into the last conv (``s_res``) and onto the residual add (``s_x``).
 
     Args:
-        body: a trained ESRT body; it is copied (its weights are changed by the folding).
+        body: a trained ESRT body; its layers are shared, the folded ones made anew (it is not changed).
     """
 
     def __init__(self, body: nn.Module) -> None:
         super().__init__()
-        body = copy.deepcopy(body)
         self.hpbs = nn.ModuleList(FoldedHPB(hpb) for hpb in body.hpbs)
         weight = body.reduce.weight.detach()
         # (num_block * C, C, 3, 3): HPB i's part is rows i * C to (i + 1) * C (4-D, as .to(memory_format=) needs)
         self.register_buffer("reduce_weight", torch.cat(weight.chunk(len(self.hpbs), dim=1)), persistent=False)
-        self.register_buffer("reduce_bias", body.reduce.bias.detach(), persistent=False)
+        self.register_buffer("reduce_bias", body.reduce.bias.detach().clone(), persistent=False)
         self.padding = body.reduce.padding
         self.transformer = nn.Sequential(*(ComposedTransformer(et) for et in body.transformer))
         self.conv = _scaled_conv(body.conv, _scalar(body.scale_res))
@@ -573,7 +590,7 @@ class ESRTInferenceGraph(nn.Module):
 
     Args:
         net: a trained :class:`~nala_gen.sr.archs.esrt_arch.ESRTLayout` (NaLaSR or ESRT); the graph shares its head and
-            upsamplers and folds a copy of its body.
+            upsamplers and the body's unfolded layers.
     """
 
     def __init__(self, net: ESRTLayout) -> None:
