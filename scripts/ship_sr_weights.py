@@ -34,11 +34,16 @@ STAGE_3 = (
     "from the card's safetensors: stage 2 had trained in another checkout), with an EDSR ablation run beside them "
     "for about 25 of its minutes"
 )
+STAGE_4 = (
+    "; stage 4 ran beside the other x4 network's stage 4, one thread each, from stage 3's shipped weights "
+    "(--force_yml path:pretrain_network_g=weights/NAME.safetensors: stage 3 had trained in another checkout), with "
+    "the test suite and short evaluations beside them for about 25 of their minutes"
+)
 RUN_NOTES = {
     "nalasr-light-x4": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
-    "ran too" + STAGE_2 + STAGE_3,
+    "ran too" + STAGE_2 + STAGE_3 + STAGE_4,
     "esrt-x4": "stage 1 ran beside the nalasr-light-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
-    "ran too" + STAGE_2 + STAGE_3,
+    "ran too" + STAGE_2 + STAGE_3 + STAGE_4,
     "nalasr-light-x2": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + "; stage 2 ran with two threads "
     "(OMP_NUM_THREADS=2) and no other training, beside short tests and micro-benchmarks in its first 10 minutes, "
     "from stage 1's weights (restored from the card's safetensors: stage 1 had trained in another checkout)",
@@ -61,6 +66,7 @@ RUNS = {
     "nalasr-light-x2": [
         "options/train/NaLaSR/train_NaLaSR_light_x2_mini.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x2_photos_ft.yml",
+        "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage3.yml",
     ],
 }
 # What each data set of the options (their datasets' ``name``) is, for the cards.

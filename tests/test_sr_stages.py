@@ -92,3 +92,28 @@ def test_stage4_options_differ_only_in_the_network_and_run():
     for opt in (nalasr, esrt):
         del opt["name"], opt["network_g"]
     assert nalasr == esrt
+
+
+def test_x2_stage3_is_the_x4_stage4_schedule_at_x2_after_its_photo_stage():
+    import importlib.util
+
+    x4, x2 = (
+        yaml.safe_load((REPO / "options" / "train" / "NaLaSR" / f"train_NaLaSR_light_{run}.yml").read_text())
+        for run in ("x4_photos_stage4", "x2_photos_stage3")
+    )
+    assert x2["path"]["pretrain_network_g"] == "experiments/NaLaSR_light_x2_photos_ft/models/net_g_latest.pth"
+    assert x2["scale"] == x2["network_g"]["upscale"] == 2
+    assert x2["datasets"]["train"]["dataroot_lq"].endswith("X2_sub") and x2["datasets"]["val"]["dataroot_lq"].endswith(
+        "x2"
+    )
+    assert x2["datasets"]["train"]["gt_size"] == 64  # the x4 runs' LR patch of 32 px
+    assert {m["crop_border"] for m in x2["val"]["metrics"].values()} == {2}
+    assert x2["train"] == x4["train"]  # the same schedule, budget and EMA
+    spec = importlib.util.spec_from_file_location("ship", REPO / "scripts" / "ship_sr_weights.py")
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    assert ship.RUNS["nalasr-light-x2"][-1] == "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage3.yml"
+    runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
+    assert runs.index("NaLaSR/train_NaLaSR_light_x2_photos_stage3") > runs.index(
+        "NaLaSR/train_NaLaSR_light_x2_photos_ft"
+    )
