@@ -46,7 +46,10 @@ RUN_NOTES = {
     "ran too" + STAGE_2 + STAGE_3 + STAGE_4,
     "nalasr-light-x2": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + "; stage 2 ran with two threads "
     "(OMP_NUM_THREADS=2) and no other training, beside short tests and micro-benchmarks in its first 10 minutes, "
-    "from stage 1's weights (restored from the card's safetensors: stage 1 had trained in another checkout)",
+    "from stage 1's weights (restored from the card's safetensors: stage 1 had trained in another checkout); stage 3 "
+    "ran with two threads and no other training, beside the test suite for its first ~16 minutes, from stage 2's "
+    "shipped weights (--force_yml path:pretrain_network_g=weights/nalasr-light-x2.safetensors: stage 2 had trained in "
+    "another checkout)",
 }
 # Each shipped weight's training stages, in order: a later stage starts from the one before (its
 # ``pretrain_network_g``); the last one is exported.

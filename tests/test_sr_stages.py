@@ -82,9 +82,10 @@ def test_stage4_starts_from_stage3_and_follows_it_in_the_rebuild(weights):
     assert runs.index(f"{stem}_photos_stage4") > runs.index(f"{stem}_photos_ft")
 
 
-def test_stage4_options_differ_only_in_the_network_and_run():
+@pytest.mark.parametrize("stage", ["stage4", "stage5"])
+def test_the_pairs_stage_options_differ_only_in_the_network_and_run(stage):
     nalasr, esrt = (
-        yaml.safe_load((REPO / "options" / "train" / f"{stem}_photos_stage4.yml").read_text())
+        yaml.safe_load((REPO / "options" / "train" / f"{stem}_photos_{stage}.yml").read_text())
         for stem, _ in STAGE4.values()
     )
     starts = [opt["path"].pop("pretrain_network_g") for opt in (nalasr, esrt)]
@@ -117,3 +118,22 @@ def test_x2_stage3_is_the_x4_stage4_schedule_at_x2_after_its_photo_stage():
     assert runs.index("NaLaSR/train_NaLaSR_light_x2_photos_stage3") > runs.index(
         "NaLaSR/train_NaLaSR_light_x2_photos_ft"
     )
+
+
+@pytest.mark.parametrize("weights", list(STAGE4))
+def test_stage5_starts_from_stage4s_run_with_its_command_for_another_checkout(weights):
+    stem, name = STAGE4[weights]
+    stage4, stage5 = (
+        yaml.safe_load((REPO / "options" / "train" / f"{stem}_{s}.yml").read_text())
+        for s in ("photos_stage4", "photos_stage5")
+    )
+    assert stage5["path"]["pretrain_network_g"] == f"experiments/{stage4['name']}/models/net_g_latest.pth"
+    assert stage5["path"]["param_key_g"] == "params_ema"
+    assert stage5["datasets"] == stage4["datasets"]  # same data and held-out split: only the schedule differs
+    assert stage5["network_g"] == stage4["network_g"]
+    train = stage5["train"]
+    milestones = train["scheduler"]["milestones"]
+    assert milestones == sorted(milestones) and milestones[-1] < train["total_iter"] == stage5["val"]["val_freq"]
+    header = (REPO / "options" / "train" / f"{stem}_photos_stage5.yml").read_text()
+    assert f"--force_yml path:pretrain_network_g=weights/{weights}.safetensors" in header
+    assert f"-opt options/train/{stem}_photos_stage5.yml --auto_resume" in header
