@@ -126,6 +126,8 @@ def test_upscale_overhead_bench_splits_a_one_image_run(tmp_path):
     for run in (result["cli_first"], result["cli_cached"]):
         assert 0 < run["compute_s"] < run["wall_s"]
         assert run["beyond_s"] == pytest.approx(run["wall_s"] - run["compute_s"])
+        # ours: from the end of torch's import (in the command's process) to its exit, beyond compute
+        assert 0 < run["ours_s"] < run["beyond_s"]
     phases = result["phases"]
     assert list(phases["phases_s"]) == list(PHASES) and all(v >= 0 for v in phases["phases_s"].values())
     assert phases["phases_s"]["import torch"] > 0.05  # the worker imports torch itself, after its clock starts

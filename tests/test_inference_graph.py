@@ -69,6 +69,22 @@ def test_composed_kernel_has_the_chains_reach():
         compose_chain(chain, 8, 4, max_radius=3)
 
 
+def test_the_reach_read_off_the_layers_shapes_sizes_the_probe_as_the_response_would():
+    from nala_gen.sr.archs.inference_graph import support_radius
+
+    chain = reach_three_chain()
+    assert support_radius(chain, 4, 5) == 3
+    assert support_radius(chain, 2, 5) is None  # not this chain's scale
+    # Layers it does not know (here a nested Sequential): the reach is read off the float64 response, as before,
+    # and the composed convolution is the same.
+    nested = nn.Sequential(chain[0], nn.Sequential(*chain[1:]))
+    assert support_radius(nested, 4, 5) is None
+    weight, bias, radius = compose_chain(chain, 8, 4)
+    weight_n, bias_n, radius_n = compose_chain(nested, 8, 4)
+    assert radius_n == radius == 3
+    assert (weight - weight_n).abs().max().item() < 1e-12 and (bias - bias_n).abs().max().item() < 1e-12
+
+
 def test_a_chain_beyond_the_first_probe_is_composed_from_a_larger_one():
     chain = reach_three_chain().eval()
     assert REACH_PROBES[0] == 3  # this chain reaches exactly the first probe's edge

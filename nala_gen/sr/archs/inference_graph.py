@@ -10,7 +10,7 @@ Made by :func:`inference_graph` from a trained network in well under a second (n
   resolution; as LR convolutions they cost a fraction of that and never build a 2x or 4x feature map. The skip
   reads the head's output, itself a conv of the image, so the head goes into its chain too (one 7x7 conv of the
   3 input channels instead of a 5x5 of 32). The composed kernel is read off the chain itself (its response to
-  unit impulses, in float64), so it is right for any scale and any weights.
+  unit impulses), so it is right for any scale and any weights.
 * **Borders recomputed.** The chain pads every intermediate map with zeros, the composed convolution only the
   input, so they differ within the composed kernel's radius ``R`` of an edge. Those bands (``R`` LR pixels on each
   side) are computed with the original chain on strips ``2R`` wide and pasted in; inputs too small for that run
@@ -58,18 +58,44 @@ REACH_PROBES = (3, 6, 12)  # max_radius tried in turn by ComposedUpsampler
 QKV_GROUP_BYTES = 128 * 2**20
 
 
-def _impulse_response(chain: nn.Module, in_ch: int, scale: int, probe: int) -> tuple[Tensor, Tensor]:
+def _impulse_response(chain: nn.Module, in_ch: int, scale: int, probe: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """The chain's response, pixel-unshuffled to LR, to a unit impulse in each input channel at the centre of a
     ``probe`` x ``probe`` zero input, minus its response to zeros; and that zero response at the centre (the bias).
-    Float64. Shapes: (in_ch, out_ch * scale^2, probe, probe) and (out_ch * scale^2,)."""
-    chain64 = copy.deepcopy(chain).double().eval()
+    In ``dtype``, returned as float64. Shapes: (in_ch, out_ch * scale^2, probe, probe) and (out_ch * scale^2,)."""
+    like = next(chain.parameters())
+    run = chain if dtype == like.dtype else copy.deepcopy(chain).to(dtype)
     centre = probe // 2
-    x = torch.zeros(in_ch + 1, in_ch, probe, probe, dtype=torch.float64)
+    x = torch.zeros(in_ch + 1, in_ch, probe, probe, dtype=dtype, device=like.device)
     x[torch.arange(in_ch), torch.arange(in_ch), centre, centre] = 1.0  # the last input stays zero
     with torch.no_grad():
-        y = F.pixel_unshuffle(chain64(x), scale)
+        y = F.pixel_unshuffle(run.eval()(x), scale).double().cpu()
     zero = y[-1:]
     return y[:-1] - zero, zero[0, :, centre, centre]
+
+
+def support_radius(chain: nn.Module, scale: int, max_radius: int) -> int | None:
+    """The LR radius that a chain of convolutions and PixelShuffles can reach, from its layers' shapes alone: one
+    impulse through the chain's supports (one channel; a conv as a box of ones of its kernel's size, a shuffle as a
+    nearest-neighbour upsampling), where nothing cancels, so every tap a weight could reach is non-zero. None for a
+    chain with other layers (a stride, an activation) or another scale: the caller reads the reach off the
+    response instead."""
+    probe = 2 * max_radius + 1
+    x = torch.zeros(1, 1, probe, probe)
+    x[..., max_radius, max_radius] = 1.0
+    factor = 1
+    for layer in chain:
+        if isinstance(layer, nn.PixelShuffle):
+            x = F.interpolate(x, scale_factor=layer.upscale_factor, mode="nearest")
+            factor *= layer.upscale_factor
+        elif isinstance(layer, nn.Conv2d) and layer.stride == (1, 1):
+            box = torch.ones(1, 1, *layer.kernel_size)
+            x = F.conv2d(x, box, padding=layer.padding, dilation=layer.dilation)
+        elif not isinstance(layer, nn.Identity):
+            return None
+    if factor != scale or x.shape[-2:] != (probe * scale, probe * scale):
+        return None
+    rows, cols = torch.nonzero(x[0, 0] > 0, as_tuple=True)
+    return int(max((rows // scale - max_radius).abs().max(), (cols // scale - max_radius).abs().max()))
 
 
 def compose_chain(chain: nn.Module, in_ch: int, scale: int, max_radius: int = 5) -> tuple[Tensor, Tensor, int]:
@@ -78,17 +104,25 @@ def compose_chain(chain: nn.Module, in_ch: int, scale: int, max_radius: int = 5)
     the borders. Raises if the chain reaches ``max_radius`` LR pixels or further (the probe's edge)."""
     # An impulse's response minus the zero response is the chain's linear part, which the probe's own zero
     # padding does not disturb until the response reaches the probe's edge.
-    probe = 2 * max_radius + 1
-    response, bias = _impulse_response(chain, in_ch, scale, probe)
-    centre = probe // 2
-    # (probe, probe): the LR offsets the chain reaches. Unreached taps differ from zero by rounding only (a float64
-    # GEMM may sum batch entries in different orders), reached ones by a weight product.
-    magnitude = response.abs().amax(dim=(0, 1))
-    reach = magnitude > 1e-9 * magnitude.max()
-    rows, cols = torch.nonzero(reach, as_tuple=True)
-    radius = int(max((rows - centre).abs().max(), (cols - centre).abs().max()))
-    if radius >= max_radius:
+    radius = support_radius(chain, scale, max_radius)
+    if radius is not None and radius >= max_radius:
         raise ValueError(f"the chain reaches {radius} LR pixels, max_radius={max_radius} is too small to see it all")
+    # Known from the shapes, the reach sizes the probe: every intermediate map's response lies within it, so its
+    # edge's zero padding changes nothing (float64 convolutions run on PyTorch's slow path: the x4 tail's pass on a
+    # 5 px probe costs about half what it did on 7 px). Read in float32, the composed weights missed the graph's
+    # 1e-5 tolerance on random weights.
+    probe = 2 * (max_radius if radius is None else radius) + 1
+    response, bias = _impulse_response(chain, in_ch, scale, probe, torch.float64)
+    centre = probe // 2
+    if radius is None:
+        # (probe, probe): the LR offsets the chain reaches. Unreached taps differ from zero by rounding only (a
+        # float64 GEMM may sum batch entries in different orders), reached ones by a weight product.
+        magnitude = response.abs().amax(dim=(0, 1))
+        reach = magnitude > 1e-9 * magnitude.max()
+        rows, cols = torch.nonzero(reach, as_tuple=True)
+        radius = int(max((rows - centre).abs().max(), (cols - centre).abs().max()))
+        if radius >= max_radius:
+            raise ValueError(f"the chain reaches {radius} LR pixels, max_radius={max_radius} is too small to see it all")
     window = response[:, :, centre - radius : centre + radius + 1, centre - radius : centre + radius + 1]
     # The output at offset (i, j) from an impulse is the kernel tap at (-i, -j) (convolution as correlation).
     weight = window.flip(-2, -1).transpose(0, 1).contiguous()
@@ -404,9 +438,12 @@ def _scalar(scale: nn.Module) -> float:
 def _scaled_conv(conv: nn.Conv2d, out_scale: Tensor | float = 1.0, in_scale: Tensor | None = None) -> nn.Conv2d:
     """A new convolution computing ``out_scale * conv(in_scale * x)`` (scales per channel or scalar); ``conv``, the
     network's, keeps its weights. (The graph shares the network's other layers, so it makes no copy of the body: a
-    deep copy of a module tree costs tens of milliseconds of Python, a one-image ``nala-sr upscale`` pays it.)"""
-    scaled = nn.utils.skip_init(
-        nn.Conv2d,
+    deep copy of a module tree costs tens of milliseconds of Python, a one-image ``nala-sr upscale`` pays it.)
+
+    Made on the meta device (no initialisation of weights that are replaced at once), its parameters then set:
+    ``nn.utils.skip_init`` would do the same, but its ``to_empty`` goes through torch's Python references, whose
+    first use imports sympy, a third of a second of a one-image upscale."""
+    scaled = nn.Conv2d(
         conv.in_channels,
         conv.out_channels,
         conv.kernel_size,
@@ -416,7 +453,7 @@ def _scaled_conv(conv: nn.Conv2d, out_scale: Tensor | float = 1.0, in_scale: Ten
         groups=conv.groups,
         bias=conv.bias is not None,
         padding_mode=conv.padding_mode,
-        device=conv.weight.device,
+        device="meta",
         dtype=conv.weight.dtype,
     )
     with torch.no_grad():
