@@ -43,6 +43,11 @@ def test_pretrain_network_g_loads_a_safetensors_file_and_a_pth_as_basicsr_does(t
     build({"pretrain_network_g": str(tmp_path / "extra.safetensors"), "strict_load_g": False})
 
 
+def stage_options(stem: str, *stages: str) -> list[dict]:
+    """The option files ``options/train/{stem}_{stage}.yml``, parsed."""
+    return [yaml.safe_load((REPO / "options" / "train" / f"{stem}_{s}.yml").read_text()) for s in stages]
+
+
 STAGE4 = {
     "nalasr-light-x4": ("NaLaSR/train_NaLaSR_light_x4", "NaLaSR_light_x4"),
     "esrt-x4": ("ESRT/train_ESRT_x4", "ESRT_x4"),
@@ -54,10 +59,7 @@ def test_stage4_starts_from_stage3_and_follows_it_in_the_rebuild(weights):
     import importlib.util
 
     stem, name = STAGE4[weights]
-    stage3, stage4 = (
-        yaml.safe_load((REPO / "options" / "train" / f"{stem}_{s}.yml").read_text())
-        for s in ("photos_ft", "photos_stage4")
-    )
+    stage3, stage4 = stage_options(stem, "photos_ft", "photos_stage4")
     # make weights-sr chains the stages: stage 4 starts from stage 3's run (its EMA), after it.
     assert stage4["path"]["pretrain_network_g"] == f"experiments/{stage3['name']}/models/net_g_latest.pth"
     assert stage4["path"]["param_key_g"] == "params_ema"
@@ -84,10 +86,7 @@ def test_stage4_starts_from_stage3_and_follows_it_in_the_rebuild(weights):
 
 @pytest.mark.parametrize("stage", ["stage4", "stage5"])
 def test_the_pairs_stage_options_differ_only_in_the_network_and_run(stage):
-    nalasr, esrt = (
-        yaml.safe_load((REPO / "options" / "train" / f"{stem}_photos_{stage}.yml").read_text())
-        for stem, _ in STAGE4.values()
-    )
+    (nalasr,), (esrt,) = (stage_options(stem, f"photos_{stage}") for stem, _ in STAGE4.values())
     starts = [opt["path"].pop("pretrain_network_g") for opt in (nalasr, esrt)]
     assert starts[0] == starts[1].replace("ESRT_x4", "NaLaSR_light_x4")
     for opt in (nalasr, esrt):
@@ -98,10 +97,7 @@ def test_the_pairs_stage_options_differ_only_in_the_network_and_run(stage):
 def test_x2_stage3_is_the_x4_stage4_schedule_at_x2_after_its_photo_stage():
     import importlib.util
 
-    x4, x2 = (
-        yaml.safe_load((REPO / "options" / "train" / "NaLaSR" / f"train_NaLaSR_light_{run}.yml").read_text())
-        for run in ("x4_photos_stage4", "x2_photos_stage3")
-    )
+    x4, x2 = stage_options("NaLaSR/train_NaLaSR_light", "x4_photos_stage4", "x2_photos_stage3")
     assert x2["path"]["pretrain_network_g"] == "experiments/NaLaSR_light_x2_photos_ft/models/net_g_latest.pth"
     assert x2["scale"] == x2["network_g"]["upscale"] == 2
     assert x2["datasets"]["train"]["dataroot_lq"].endswith("X2_sub") and x2["datasets"]["val"]["dataroot_lq"].endswith(
@@ -123,10 +119,7 @@ def test_x2_stage3_is_the_x4_stage4_schedule_at_x2_after_its_photo_stage():
 @pytest.mark.parametrize("weights", list(STAGE4))
 def test_stage5_starts_from_stage4s_run_with_its_command_for_another_checkout(weights):
     stem, name = STAGE4[weights]
-    stage4, stage5 = (
-        yaml.safe_load((REPO / "options" / "train" / f"{stem}_{s}.yml").read_text())
-        for s in ("photos_stage4", "photos_stage5")
-    )
+    stage4, stage5 = stage_options(stem, "photos_stage4", "photos_stage5")
     assert stage5["path"]["pretrain_network_g"] == f"experiments/{stage4['name']}/models/net_g_latest.pth"
     assert stage5["path"]["param_key_g"] == "params_ema"
     assert stage5["datasets"] == stage4["datasets"]  # same data and held-out split: only the schedule differs
