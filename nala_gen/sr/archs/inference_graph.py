@@ -53,9 +53,11 @@ Tensor = torch.Tensor
 
 
 REACH_PROBES = (3, 6, 12)  # max_radius tried in turn by ComposedUpsampler
-# A head group's q/k/v projection is kept within this many bytes (HeadGroupedMix): whole at about 1 MP out at x4
-# (62,500 tokens of NaLaSR-light: 108 MB), in groups beyond.
-QKV_GROUP_BYTES = 128 * 2**20
+# A head group's q/k/v projection is kept within this many bytes (HeadGroupedMix): at 1 MP out at x4 (62,500 tokens
+# of NaLaSR-light, 108 MB for all eight heads) two groups of four. In alternated runs at that size (whole-image
+# forward, 2 threads, the EPYC) two groups took the time one did (0.67-0.72 s either way) with about 80 MB less
+# peak; at 4 MP the peak lies elsewhere (the transformer's 144-wide token maps after the attention).
+QKV_GROUP_BYTES = 64 * 2**20
 
 
 def _impulse_response(chain: nn.Module, in_ch: int, scale: int, probe: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -198,8 +200,9 @@ class HeadGroupedMix(nn.Module):
     Heads are independent until the output LayerNorm, and LePE is depthwise, so each group's q/k/v projection,
     attention and LePE run alone and write their channels of one (B, N, C) output, the attention and LePE in one
     pass of the fused op (``linear_attention(..., out=, add=)``). The groups are as few as keep a group's q/k/v
-    within ``QKV_GROUP_BYTES``: one at NaLaSR-light's 1 MP out (fewer, larger convolutions and op calls run
-    faster), more at larger inputs, where all three at full width would be most of the network's memory. Then
+    within ``QKV_GROUP_BYTES``: two at NaLaSR-light's 1 MP out, more at larger inputs, where all three at full
+    width would be most of the network's memory (fewer, larger convolutions and op calls run faster, down to
+    groups of this size). Then
     the gate, over all channels, as in the block.
 
     Args:
