@@ -54,9 +54,9 @@ Tensor = torch.Tensor
 
 REACH_PROBES = (3, 6, 12)  # max_radius tried in turn by ComposedUpsampler
 # A head group's q/k/v projection is kept within this many bytes (HeadGroupedMix): at 1 MP out at x4 (62,500 tokens
-# of NaLaSR-light, 108 MB for all eight heads) two groups of four. In alternated runs at that size (whole-image
-# forward, 2 threads, the EPYC) two groups took the time one did (0.67-0.72 s either way) with about 80 MB less
-# peak; at 4 MP the peak lies elsewhere (the transformer's 144-wide token maps after the attention).
+# of NaLaSR-light, 108 MB for all eight heads) two groups of four: as fast as one group there, with a lower peak
+# (docs/results/peers.md); at 4 MP the peak lies elsewhere (the transformer's 144-wide token maps after the
+# attention).
 QKV_GROUP_BYTES = 64 * 2**20
 
 
