@@ -39,11 +39,15 @@ STAGE_4 = (
     "(--force_yml path:pretrain_network_g=weights/NAME.safetensors: stage 3 had trained in another checkout), with "
     "the test suite and short evaluations beside them for about 25 of their minutes"
 )
+STAGE_5 = (
+    "; stage 5 ran beside the other x4 network's stage 5, one thread each, from stage 4's run in this checkout, "
+    "stopped (SIGSTOP) for about 20 minutes of benchmarks and beside short tests and evaluations for about 15"
+)
 RUN_NOTES = {
     "nalasr-light-x4": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
-    "ran too" + STAGE_2 + STAGE_3 + STAGE_4,
+    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5,
     "esrt-x4": "stage 1 ran beside the nalasr-light-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
-    "ran too" + STAGE_2 + STAGE_3 + STAGE_4,
+    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5,
     "nalasr-light-x2": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + "; stage 2 ran with two threads "
     "(OMP_NUM_THREADS=2) and no other training, beside short tests and micro-benchmarks in its first 10 minutes, "
     "from stage 1's weights (restored from the card's safetensors: stage 1 had trained in another checkout); stage 3 "
@@ -59,12 +63,14 @@ RUNS = {
         "options/train/NaLaSR/train_NaLaSR_light_x4_mini_ft.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_ft.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage4.yml",
+        "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage5.yml",
     ],
     "esrt-x4": [
         "options/train/ESRT/train_ESRT_x4_mini.yml",
         "options/train/ESRT/train_ESRT_x4_mini_ft.yml",
         "options/train/ESRT/train_ESRT_x4_photos_ft.yml",
         "options/train/ESRT/train_ESRT_x4_photos_stage4.yml",
+        "options/train/ESRT/train_ESRT_x4_photos_stage5.yml",
     ],
     "nalasr-light-x2": [
         "options/train/NaLaSR/train_NaLaSR_light_x2_mini.yml",

@@ -77,7 +77,8 @@ def test_stage4_starts_from_stage3_and_follows_it_in_the_rebuild(weights):
     spec = importlib.util.spec_from_file_location("ship", REPO / "scripts" / "ship_sr_weights.py")
     ship = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ship)
-    assert ship.RUNS[weights][-2:] == [f"options/train/{stem}_{s}.yml" for s in ("photos_ft", "photos_stage4")]
+    chain = ship.RUNS[weights]  # stage 4 right after stage 3 in the ship script's chain
+    assert chain[chain.index(f"options/train/{stem}_photos_ft.yml") + 1] == f"options/train/{stem}_photos_stage4.yml"
     assert data["name"] in ship.DATA
     runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
     runs = [r for r in runs if r != "\\"]
@@ -130,3 +131,11 @@ def test_stage5_starts_from_stage4s_run_with_its_command_for_another_checkout(we
     header = (REPO / "options" / "train" / f"{stem}_photos_stage5.yml").read_text()
     assert f"--force_yml path:pretrain_network_g=weights/{weights}.safetensors" in header
     assert f"-opt options/train/{stem}_photos_stage5.yml --auto_resume" in header
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ship", REPO / "scripts" / "ship_sr_weights.py")
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    assert ship.RUNS[weights][-2:] == [f"options/train/{stem}_{s}.yml" for s in ("photos_stage4", "photos_stage5")]
+    runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
+    assert runs.index(f"{stem}_photos_stage5") > runs.index(f"{stem}_photos_stage4")
