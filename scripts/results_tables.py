@@ -563,7 +563,8 @@ def upscale_overhead_table() -> str:
         f"{data['model']}, {data['side']}² PNG in, x4, fp32, {cores(data['machine'])}, "
         f"torch {data['machine']['torch']}; median of {data['repeats']} fresh processes each.",
         "",
-        "| one-image `nala-sr upscale` | wall | compute (job) | beyond compute | ours: after torch's import, beyond compute |",
+        "| one-image `nala-sr upscale` | wall | compute (job) | beyond compute "
+        "| ours: after torch's import, beyond compute |",
         "|---|---|---|---|---|",
     ]
     for label, key in (("first run on this machine (no probe cache)", "cli_first"), ("later runs", "cli_cached")):

@@ -60,7 +60,9 @@ REACH_PROBES = (3, 6, 12)  # max_radius tried in turn by ComposedUpsampler
 QKV_GROUP_BYTES = 64 * 2**20
 
 
-def _impulse_response(chain: nn.Module, in_ch: int, scale: int, probe: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+def _impulse_response(
+    chain: nn.Module, in_ch: int, scale: int, probe: int, dtype: torch.dtype
+) -> tuple[Tensor, Tensor]:
     """The chain's response, pixel-unshuffled to LR, to a unit impulse in each input channel at the centre of a
     ``probe`` x ``probe`` zero input, minus its response to zeros; and that zero response at the centre (the bias).
     In ``dtype``, returned as float64. Shapes: (in_ch, out_ch * scale^2, probe, probe) and (out_ch * scale^2,)."""
@@ -100,6 +102,10 @@ def support_radius(chain: nn.Module, scale: int, max_radius: int) -> int | None:
     return int(max((rows // scale - max_radius).abs().max(), (cols // scale - max_radius).abs().max()))
 
 
+def _too_far(radius: int, max_radius: int) -> ValueError:
+    return ValueError(f"the chain reaches {radius} LR pixels, max_radius={max_radius} is too small to see it all")
+
+
 def compose_chain(chain: nn.Module, in_ch: int, scale: int, max_radius: int = 5) -> tuple[Tensor, Tensor, int]:
     """Weight (out_ch * scale^2, in_ch, 2R+1, 2R+1), bias and radius R of the LR convolution that equals ``chain``
     (a linear LR (B, in_ch, H, W) -> (B, out_ch, sH, sW) map) followed by ``pixel_shuffle(scale)``, away from
@@ -108,7 +114,7 @@ def compose_chain(chain: nn.Module, in_ch: int, scale: int, max_radius: int = 5)
     # padding does not disturb until the response reaches the probe's edge.
     radius = support_radius(chain, scale, max_radius)
     if radius is not None and radius >= max_radius:
-        raise ValueError(f"the chain reaches {radius} LR pixels, max_radius={max_radius} is too small to see it all")
+        raise _too_far(radius, max_radius)
     # Known from the shapes, the reach sizes the probe: every intermediate map's response lies within it, so its
     # edge's zero padding changes nothing (float64 convolutions run on PyTorch's slow path: the x4 tail's pass on a
     # 5 px probe costs about half what it did on 7 px). Read in float32, the composed weights missed the graph's
@@ -124,7 +130,7 @@ def compose_chain(chain: nn.Module, in_ch: int, scale: int, max_radius: int = 5)
         rows, cols = torch.nonzero(reach, as_tuple=True)
         radius = int(max((rows - centre).abs().max(), (cols - centre).abs().max()))
         if radius >= max_radius:
-            raise ValueError(f"the chain reaches {radius} LR pixels, max_radius={max_radius} is too small to see it all")
+            raise _too_far(radius, max_radius)
     window = response[:, :, centre - radius : centre + radius + 1, centre - radius : centre + radius + 1]
     # The output at offset (i, j) from an impulse is the kernel tap at (-i, -j) (convolution as correlation).
     weight = window.flip(-2, -1).transpose(0, 1).contiguous()
