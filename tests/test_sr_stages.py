@@ -43,6 +43,16 @@ def test_pretrain_network_g_loads_a_safetensors_file_and_a_pth_as_basicsr_does(t
     build({"pretrain_network_g": str(tmp_path / "extra.safetensors"), "strict_load_g": False})
 
 
+def ship_script():
+    """scripts/ship_sr_weights.py as a module (its RUNS chain and card texts)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ship", REPO / "scripts" / "ship_sr_weights.py")
+    ship = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ship)
+    return ship
+
+
 def stage_options(stem: str, *stages: str) -> list[dict]:
     """The option files ``options/train/{stem}_{stage}.yml``, parsed."""
     return [yaml.safe_load((REPO / "options" / "train" / f"{stem}_{s}.yml").read_text()) for s in stages]
@@ -56,8 +66,6 @@ STAGE4 = {
 
 @pytest.mark.parametrize("weights", list(STAGE4))
 def test_stage4_starts_from_stage3_and_follows_it_in_the_rebuild(weights):
-    import importlib.util
-
     stem, name = STAGE4[weights]
     stage3, stage4 = stage_options(stem, "photos_ft", "photos_stage4")
     # make weights-sr chains the stages: stage 4 starts from stage 3's run (its EMA), after it.
@@ -74,9 +82,7 @@ def test_stage4_starts_from_stage3_and_follows_it_in_the_rebuild(weights):
     # The header's command for a stage 3 that trained elsewhere: the shipped weights, through --force_yml.
     header = (REPO / "options" / "train" / f"{stem}_photos_stage4.yml").read_text()
     assert f"--force_yml path:pretrain_network_g=weights/{weights}.safetensors" in header
-    spec = importlib.util.spec_from_file_location("ship", REPO / "scripts" / "ship_sr_weights.py")
-    ship = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ship)
+    ship = ship_script()
     chain = ship.RUNS[weights]  # stage 4 right after stage 3 in the ship script's chain
     assert chain[chain.index(f"options/train/{stem}_photos_ft.yml") + 1] == f"options/train/{stem}_photos_stage4.yml"
     assert data["name"] in ship.DATA
@@ -96,8 +102,6 @@ def test_the_pairs_stage_options_differ_only_in_the_network_and_run(stage):
 
 
 def test_x2_stage3_is_the_x4_stage4_schedule_at_x2_after_its_photo_stage():
-    import importlib.util
-
     x4, x2 = stage_options("NaLaSR/train_NaLaSR_light", "x4_photos_stage4", "x2_photos_stage3")
     assert x2["path"]["pretrain_network_g"] == "experiments/NaLaSR_light_x2_photos_ft/models/net_g_latest.pth"
     assert x2["scale"] == x2["network_g"]["upscale"] == 2
@@ -107,9 +111,7 @@ def test_x2_stage3_is_the_x4_stage4_schedule_at_x2_after_its_photo_stage():
     assert x2["datasets"]["train"]["gt_size"] == 64  # the x4 runs' LR patch of 32 px
     assert {m["crop_border"] for m in x2["val"]["metrics"].values()} == {2}
     assert x2["train"] == x4["train"]  # the same schedule, budget and EMA
-    spec = importlib.util.spec_from_file_location("ship", REPO / "scripts" / "ship_sr_weights.py")
-    ship = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ship)
+    ship = ship_script()
     assert ship.RUNS["nalasr-light-x2"][-1] == "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage3.yml"
     runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
     assert runs.index("NaLaSR/train_NaLaSR_light_x2_photos_stage3") > runs.index(
@@ -131,11 +133,7 @@ def test_stage5_starts_from_stage4s_run_with_its_command_for_another_checkout(we
     header = (REPO / "options" / "train" / f"{stem}_photos_stage5.yml").read_text()
     assert f"--force_yml path:pretrain_network_g=weights/{weights}.safetensors" in header
     assert f"-opt options/train/{stem}_photos_stage5.yml --auto_resume" in header
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("ship", REPO / "scripts" / "ship_sr_weights.py")
-    ship = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ship)
+    ship = ship_script()
     assert ship.RUNS[weights][-2:] == [f"options/train/{stem}_{s}.yml" for s in ("photos_stage4", "photos_stage5")]
     runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
     assert runs.index(f"{stem}_photos_stage5") > runs.index(f"{stem}_photos_stage4")

@@ -60,19 +60,17 @@ REACH_PROBES = (3, 6, 12)  # max_radius tried in turn by ComposedUpsampler
 QKV_GROUP_BYTES = 64 * 2**20
 
 
-def _impulse_response(
-    chain: nn.Module, in_ch: int, scale: int, probe: int, dtype: torch.dtype
-) -> tuple[Tensor, Tensor]:
+def _impulse_response(chain: nn.Module, in_ch: int, scale: int, probe: int) -> tuple[Tensor, Tensor]:
     """The chain's response, pixel-unshuffled to LR, to a unit impulse in each input channel at the centre of a
     ``probe`` x ``probe`` zero input, minus its response to zeros; and that zero response at the centre (the bias).
-    In ``dtype``, returned as float64. Shapes: (in_ch, out_ch * scale^2, probe, probe) and (out_ch * scale^2,)."""
-    like = next(chain.parameters())
-    run = chain if dtype == like.dtype else copy.deepcopy(chain).to(dtype)
+    Float64, on the CPU. Shapes: (in_ch, out_ch * scale^2, probe, probe) and (out_ch * scale^2,)."""
+    chain64 = copy.deepcopy(chain).double().eval()
+    device = next(chain.parameters()).device
     centre = probe // 2
-    x = torch.zeros(in_ch + 1, in_ch, probe, probe, dtype=dtype, device=like.device)
+    x = torch.zeros(in_ch + 1, in_ch, probe, probe, dtype=torch.float64, device=device)
     x[torch.arange(in_ch), torch.arange(in_ch), centre, centre] = 1.0  # the last input stays zero
     with torch.no_grad():
-        y = F.pixel_unshuffle(run.eval()(x), scale).double().cpu()
+        y = F.pixel_unshuffle(chain64(x), scale).cpu()
     zero = y[-1:]
     return y[:-1] - zero, zero[0, :, centre, centre]
 
@@ -120,7 +118,7 @@ def compose_chain(chain: nn.Module, in_ch: int, scale: int, max_radius: int = 5)
     # 5 px probe costs about half what it did on 7 px). Read in float32, the composed weights missed the graph's
     # 1e-5 tolerance on random weights.
     probe = 2 * (max_radius if radius is None else radius) + 1
-    response, bias = _impulse_response(chain, in_ch, scale, probe, torch.float64)
+    response, bias = _impulse_response(chain, in_ch, scale, probe)
     centre = probe // 2
     if radius is None:
         # (probe, probe): the LR offsets the chain reaches. Unreached taps differ from zero by rounding only (a
