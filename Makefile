@@ -10,7 +10,7 @@ TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg setup.py pyproject.toml Makefile nala_gen/attention/csrc/nala_fused.cpp nala_gen/attention/csrc/nala_tiles.inc
+$(STAMP): setup.cfg setup.py pyproject.toml Makefile nala_gen/attention/csrc/nala_fused.cpp nala_gen/attention/csrc/nala_tiles.inc nala_gen/attention/csrc/nala_soa.inc
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(TORCH_PINS) setuptools wheel numpy ninja
 	# basicsr 1.4.2's setup.py imports torch: build it against the torch above, not in isolation.
@@ -59,8 +59,8 @@ bench: $(STAMP)
 	$(BIN)/nala-bench attention --backward --repeats 9
 	$(BIN)/nala-bench attention --contention --sizes 16384 71680 --methods nala nala_eager relu --repeats 9
 	$(BIN)/nala-bench steps
-	$(BIN)/nala-bench attention --sizes 62500 --methods nala --heads 8 --head-dim 18 --tag d18  # NaLaSR at 1 MP out
-	NALA_GEN_FUSED_ISA=avx2 $(BIN)/nala-bench attention --sizes 62500 --methods nala --heads 8 --head-dim 18 --tag d18_avx2
+	$(BIN)/nala-bench attention --sizes 62500 --methods nala relu --heads 8 --head-dim 18 --tag d18  # NaLaSR at 1 MP out
+	NALA_GEN_FUSED_ISA=avx2 $(BIN)/nala-bench attention --sizes 62500 --methods nala relu --heads 8 --head-dim 18 --tag d18_avx2
 	$(BIN)/nala-bench entropy
 	$(BIN)/nala-bench sr
 	$(BIN)/nala-bench peers --skip esrt:500  # ESRT at 4 MP out: over 20 minutes (quadratic attention)

@@ -43,7 +43,7 @@ else:
         CppExtension(
             "nala_gen.attention._nala_fused",
             ["nala_gen/attention/csrc/nala_fused.cpp"],
-            depends=["nala_gen/attention/csrc/nala_tiles.inc"],
+            depends=["nala_gen/attention/csrc/nala_tiles.inc", "nala_gen/attention/csrc/nala_soa.inc"],
             # -O3 for the vector loops, no debug info (-g0, -s: 11 MB of it otherwise); no errno/trap bookkeeping in
             # math; OpenMP for ATen's parallel_for (the process shares torch's libgomp: same soname).
             extra_compile_args=["-O3", "-g0", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wno-psabi"],

@@ -33,7 +33,7 @@ def test_the_narrower_kernels_pass_the_same_checks(isa):
     env = {**os.environ, "NALA_GEN_FUSED_ISA": isa}
     check = f"from nala_gen.attention import fused; assert fused.instruction_set() == {isa!r}"
     subprocess.run([sys.executable, "-c", check], env=env, check=True)
-    selected = "fused_equals or zero_tiny or thread_count or key_pass or written_into"
+    selected = "fused_equals or zero_tiny or thread_count or key_pass or written_into or inference"
     tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selected]
     proc = subprocess.run(tests, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -88,6 +88,79 @@ def test_fused_equals_the_pytorch_path_forward_and_gradients(monkeypatch, case):
         scale = b.abs().max().clamp_min(1e-6)
         assert torch.isfinite(a).all(), name
         assert ((a - b).abs().max() / scale) < 1e-5, (name, ((a - b).abs().max() / scale).item())
+
+
+# Inference (no gradient to track) runs the op's forward_into: for heads that a vector does not divide, the kernels
+# with the tokens in the lanes (nala_soa.inc); these shapes take that path (test_heads_of_18_take_the_soa_kernels).
+SOA_CASES = {
+    "nalasr-heads": dict(b=1, h=8, n=2100, d=18, dv=18, rope=True),  # 17 tiles of 128 tokens: all heads per item
+    "soa-odd-N": dict(b=2, h=3, n=77, d=18, dv=18, rope=True),
+    "soa-narrow-values": dict(b=1, h=2, n=300, d=18, dv=7, rope=False),
+    "soa-direction-keys": dict(b=1, h=2, n=130, d=18, dv=18, rope=True, options={"key_map": "direction"}),
+    "soa-non-integer-power": dict(b=1, h=2, n=130, d=18, dv=18, rope=False, options={"lam": 2.5, "tau": 0.3}),
+    "soa-sqrt-d-angles": dict(b=1, h=2, n=130, d=18, dv=18, rope=True, options={"angle_scale": "sqrt_d"}),
+    "soa-per-head-norm-scale": dict(
+        b=1, h=3, n=130, d=18, dv=18, rope=True, options={"norm_scale": torch.tensor([1.5, 3.0, 6.0]).view(3, 1, 1)}
+    ),
+}
+
+
+def test_heads_of_18_take_the_soa_kernels():
+    if fused.instruction_set() == "baseline":  # 8-float vectors without FMA: the layouts' costs compare the same
+        assert fused._op.inference_layout(18, 18) in ("soa", "tiles")
+        return
+    assert fused._op.inference_layout(18, 18) == "soa"
+    assert fused._op.inference_layout(32, 32) == "tiles"  # no padding to save
+
+
+@pytest.mark.parametrize("case", list(CASES) + list(SOA_CASES))
+def test_inference_equals_the_pytorch_path(monkeypatch, case):
+    c = {**CASES, **SOA_CASES}[case]
+    torch.manual_seed(0)
+    q, k = (torch.randn(c["b"], c["h"], c["n"], c["d"]) * 2 for _ in range(2))
+    v = torch.randn(c["b"], c["h"], c["n"], c["dv"])
+    rope = rope_2d(*_grid(c["n"]), 2 * c["d"]) if c["rope"] else None
+
+    def run():
+        with torch.inference_mode():
+            return linear_attention(q, k, v, rope=rope, **c.get("options", {}))
+
+    fused_out, eager_out = _both_paths(monkeypatch, run)
+    assert torch.isfinite(fused_out).all()
+    assert ((fused_out - eager_out).abs().max() / eager_out.abs().max()) < 1e-5
+
+
+@pytest.mark.parametrize("where", ["queries", "keys"])
+@pytest.mark.parametrize("magnitude", [0.0, 1e-30, 5e3, 1e30])
+def test_inference_on_zero_tiny_and_huge_vectors(monkeypatch, where, magnitude):
+    torch.manual_seed(3)
+    q, k, v = torch.randn(1, 2, 150, 18), torch.randn(1, 2, 150, 18), torch.randn(1, 2, 150, 18)
+    target = q if where == "queries" else k
+    target[:, :, ::3] = target[:, :, ::3].sign() * magnitude if magnitude else 0.0
+
+    def run():
+        with torch.inference_mode():
+            return linear_attention(q, k, v)
+
+    out_f, out_e = _both_paths(monkeypatch, run)
+    assert torch.isfinite(out_f).all()
+    assert torch.allclose(out_f, out_e, rtol=1e-5, atol=1e-6), (out_f - out_e).abs().max()
+    assert out_f.abs().max() <= v.abs().max() + 1e-5
+
+
+def test_inference_results_do_not_depend_on_the_thread_count():
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 3000, 18) for _ in range(3))
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            torch.set_num_threads(1)
+            one = linear_attention(q, k, v)
+            torch.set_num_threads(max(2, threads))
+            many = linear_attention(q, k, v)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, many)
 
 
 def test_a_per_head_norm_scale_gets_the_same_gradient(monkeypatch):
@@ -201,8 +274,15 @@ def test_key_pass_reports_each_heads_largest_key_component():
     k = torch.randn(2, 3, 70, 12) * torch.tensor([1.0, 10.0, 1e4]).view(1, 3, 1, 1)
     k[1, 2, 69, 11] = -3e4  # the last, partial tile; a negative component
     empty = torch.empty(0)
+    expected = k.abs().amax(dim=(-2, -1)).reshape(-1)
     *_, key_max = fused._op.forward(q[..., :12], k, v, empty, empty, torch.ones(3), 3.0, 0.5, 1.0, True, 0.0)
-    assert torch.equal(key_max, k.abs().amax(dim=(-2, -1)).reshape(-1))
+    assert torch.equal(key_max, expected)
+    for d in (12, 18):  # the inference entry's two layouts
+        qd, kd = (torch.nn.functional.pad(t[..., :12], (0, d - 12)) for t in (q, k))
+        out = torch.empty(2, 3, 70, 8)
+        arguments = (empty, empty, torch.ones(3), 3.0, 0.5, 1.0, True, 0.0, out, empty)
+        key_max = fused._op.forward_into(qd, kd, v, *arguments)
+        assert torch.equal(key_max, expected), d
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -165,11 +165,17 @@ def nala_attention(
     q, v = upcast(q), upcast(v)
     arguments = (cos, sin, gamma, float(lam), float(tau), scale, key_raw, eps_total)
 
+    # Without a gradient to track, the inference entry: it keeps nothing for a backward and, for heads that a vector
+    # does not divide (NaLaSR's 18 floats), runs the kernels with the tokens in the lanes.
+    into = out
+    if into is None and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, gamma))):
+        into = q.new_empty((*q.shape[:-1], v.shape[-1]))
+
     def run(keys: Tensor) -> tuple[Tensor, Tensor]:
-        if out is None:
+        if into is None:
             return _FusedNaLa.apply(q, upcast(keys), v, *arguments)
         with torch.profiler.record_function("_FusedNaLa"):  # named in profiles as the autograd path's op is
-            return out, _op.forward_into(q, upcast(keys), v, *arguments, out, empty if add is None else add)
+            return into, _op.forward_into(q, upcast(keys), v, *arguments, into, empty if add is None else add)
 
     result, key_max = run(k)
     if key_raw and bool((key_max > RAW_KEY_LIMIT).any()):  # with out, every row of it is written again

@@ -46,6 +46,7 @@ struct Tile {
 #define NALA_WIDTH 8
 #define NALA_ISA baseline
 #include "nala_tiles.inc"
+#include "nala_soa.inc"
 #undef NALA_ISA
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -54,6 +55,7 @@ struct Tile {
 #pragma GCC target("avx2,fma")
 #define NALA_ISA avx2
 #include "nala_tiles.inc"
+#include "nala_soa.inc"
 #undef NALA_ISA
 #pragma GCC pop_options
 #undef NALA_WIDTH
@@ -62,6 +64,7 @@ struct Tile {
 #pragma GCC target("avx512f,avx512vl,avx512dq,avx512bw,avx2,fma")
 #define NALA_ISA avx512
 #include "nala_tiles.inc"
+#include "nala_soa.inc"
 #undef NALA_ISA
 #pragma GCC pop_options
 #endif
@@ -79,11 +82,17 @@ struct Kernels {
   float (*max_abs)(const float*, int);
   void (*axpy)(float, const float*, float*, int);
   float (*map_tile_backward)(const MapSpec&, bool, float, const Tile&, const float*, int, float*, int64_t, float*);
+  int soa_fb, soa_jb;  // the SoA path's register blocks: features are padded to soa_fb rows, values to soa_jb
+  void (*soa_key_tile)(const MapSpec&, int, int, int, int, const float*, int64_t, const float*, int64_t, int,
+                       const float*, const float*, int64_t, float*, float*, float*, float*, float*, float*, float*);
+  void (*soa_query_tile)(const MapSpec&, int, int, int, float, const float*, int64_t, int, const float*,
+                         const float*, int64_t, const float*, const float*, float, float*, int64_t, const float*,
+                         int64_t, float*, float*, float*, float*);
 };
 
 #define NALA_KERNELS(ns) \
   Kernels { #ns, ns::W, ns::map_tile, ns::rotate_tile, ns::unrotate_tile, ns::gemm_nn, ns::gemm_tn_acc, ns::dot, ns::max_abs, ns::axpy, \
-      ns::map_tile_backward }
+      ns::map_tile_backward, ns::kSoaFB, ns::kSoaJB, ns::soa_key_tile, ns::soa_query_tile }
 
 static int round_up(int n, int multiple) { return (n + multiple - 1) / multiple * multiple; }
 
@@ -159,18 +168,39 @@ struct Scratch {
   }
 };
 
-// Run fn(item, scratch) for item in [0, items), items handed out one at a time to the threads of ATen's pool.
-template <class Fn>
-static void for_each_item(int64_t items, int Dp, int DVp, const Fn& fn) {
+// One thread's scratch for the SoA path (nala_soa.inc): rows of TT floats, zero-initialised (the padded feature and
+// value rows are never written, so they stay zero). vT also holds a query tile's outputs.
+struct SoaScratch {
+  std::vector<float> buffer;
+  float *xT, *phiT, *rT, *vT;
+  SoaScratch(int d, int Fp, int DVq, int TT) : buffer((size_t)(d + 2 * Fp + DVq) * TT, 0.0f) {
+    xT = buffer.data();
+    phiT = xT + (size_t)d * TT;
+    rT = phiT + (size_t)Fp * TT;
+    vT = rT + (size_t)Fp * TT;
+  }
+};
+
+constexpr int kSoaTile = 128;  // tokens per SoA tile (a multiple of two 16-float vectors)
+
+// Run fn(item, scratch) for item in [0, items), items handed out one at a time to the threads of ATen's pool;
+// each thread makes its scratch once with make().
+template <class Make, class Fn>
+static void for_each_item(int64_t items, const Make& make, const Fn& fn) {
   if (items <= 0) return;
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), items));
   std::atomic<int64_t> next{0};
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t slot = begin; slot < end; ++slot) {
-      Scratch scratch(Dp, DVp);
+      auto scratch = make();
       for (int64_t item = next.fetch_add(1); item < items; item = next.fetch_add(1)) fn(item, scratch);
     }
   });
+}
+
+template <class Fn>
+static void for_each_item(int64_t items, int Dp, int DVp, const Fn& fn) {
+  for_each_item(items, [Dp, DVp] { return Scratch(Dp, DVp); }, fn);
 }
 
 // Copy n rows of `width` floats (row stride `stride`) into a T x padded tile, zero-filling the rest.
@@ -346,6 +376,99 @@ std::vector<at::Tensor> forward(const at::Tensor& q_in, const at::Tensor& k_in, 
   return {out, den, kv_state, key_max};
 }
 
+// Whether forward_into takes the SoA kernels: when their products' vector work per token (2d x dv, rounded up to
+// their register blocks, over W lanes) is at most 4/5 of the tile kernels' (2Dp x DVp / W, heads padded to a
+// vector), which leaves a margin for the SoA path's transposes in and out. NaLaSR's heads of 18: 40.5 against 128
+// FMAs per token, SoA; heads of 16 or 32 floats: no padding to save, tiles.
+static bool soa_pays(const Kernels& tiles, const Kernels& wide, int d, int dv) {
+  const double soa = (double)round_up(2 * d, wide.soa_fb) * round_up(dv, wide.soa_jb) / wide.width;
+  const double tile = 2.0 * round_up(d, tiles.width) * round_up(dv, tiles.width) / tiles.width;
+  return soa * 1.25 <= tile;
+}
+
+// The SoA path of forward_into (nala_soa.inc), with K the widest kernels (the layout pads no head to a vector).
+static at::Tensor forward_into_soa(const Kernels& K, const Problem& P, const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& v, const at::Tensor& cos, const at::Tensor& sin,
+                                   const at::Tensor& out, const at::Tensor& addend) {
+  const bool add = addend.defined() && addend.numel() > 0;
+  const int d = P.spec.d, dv = P.dv, W = K.width, TT = kSoaTile;
+  const int Fp = round_up(2 * d, K.soa_fb), DVq = round_up(dv, K.soa_jb);
+  // RoPE tables by component, (d, tokens rounded up to a tile): a tile's lanes read one contiguous slice per row.
+  at::Tensor cos_t, sin_t;
+  int64_t tab = 0;
+  if (P.rope) {
+    tab = (std::max(P.Nq, P.Nk) + TT - 1) / TT * TT;
+    cos_t = at::zeros({d, tab}, q.options());
+    sin_t = at::zeros({d, tab}, q.options());
+    const int64_t rows = std::min<int64_t>(cos.size(0), tab);
+    cos_t.narrow(1, 0, rows).copy_(cos.narrow(0, 0, rows).t());
+    sin_t.narrow(1, 0, rows).copy_(sin.narrow(0, 0, rows).t());
+  }
+  const float* cos_p = P.rope ? cos_t.data_ptr<float>() : nullptr;
+  const float* sin_p = P.rope ? sin_t.data_ptr<float>() : nullptr;
+  const auto make = [=] { return SoaScratch(d, Fp, DVq, TT); };
+
+  // Key pass: lane-wise sums of KV (Fp x DVq), z (Fp) and the largest |key| per (batch, head) and group of tiles,
+  // items head-fastest as in key_pass.
+  const Rows kr(k), vr(v);
+  const int64_t k_tiles = (P.Nk + TT - 1) / TT;
+  const int64_t groups = group_count(P.BH, k_tiles);
+  const int64_t kv_size = (int64_t)Fp * DVq, lanes = (kv_size + Fp + 1) * W;
+  at::Tensor partial = at::zeros({P.BH * groups, lanes}, q.options());
+  float* partial_p = partial.data_ptr<float>();
+  for_each_item(P.BH * groups, make, [&](int64_t item, SoaScratch& s) {
+    const int64_t bh = item % P.BH, g = item / P.BH;
+    float* acc = partial_p + (bh * groups + g) * lanes;
+    for (int64_t tile = g * k_tiles / groups; tile < (g + 1) * k_tiles / groups; ++tile) {
+      const int64_t t0 = tile * TT;
+      const int n = (int)std::min<int64_t>(TT, P.Nk - t0);
+      K.soa_key_tile(P.spec, dv, Fp, DVq, TT, kr.at(bh, t0), kr.stride_n, vr.at(bh, t0), vr.stride_n, n,
+                     P.rope ? cos_p + t0 : nullptr, P.rope ? sin_p + t0 : nullptr, tab, s.xT, s.phiT, s.rT, s.vT,
+                     acc, acc + kv_size * W, acc + (kv_size + Fp) * W);
+    }
+  });
+  // Groups and lanes summed in an order fixed by the shape (the bits do not depend on the thread count).
+  at::Tensor state = at::empty({P.BH, kv_size + Fp}, q.options());
+  at::Tensor key_max = at::empty({P.BH}, q.options());
+  float* state_p = state.data_ptr<float>();
+  float* key_max_p = key_max.data_ptr<float>();
+  for (int64_t bh = 0; bh < P.BH; ++bh) {
+    for (int64_t e = 0; e < kv_size + Fp; ++e) {
+      float sum = 0.0f;
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* lane = partial_p + (bh * groups + g) * lanes + e * W;
+        for (int a = 0; a < W; ++a) sum += lane[a];
+      }
+      state_p[bh * (kv_size + Fp) + e] = sum;
+    }
+    float top = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* lane = partial_p + (bh * groups + g) * lanes + (kv_size + Fp) * W;
+      for (int a = 0; a < W; ++a) top = std::max(top, lane[a]);
+    }
+    key_max_p[bh] = top;
+  }
+
+  // Query pass: all heads of a tile per item when there are tiles enough (as query_pass, for the same reasons).
+  const Rows qr(q), outr(out);
+  const Rows addr(add ? addend : out);  // read only when add
+  const int64_t q_tiles = (P.Nq + TT - 1) / TT;
+  const int64_t per_item = (P.BH / P.heads) * q_tiles >= 16 ? P.heads : 1;
+  const int64_t slots = P.BH / per_item;
+  for_each_item(slots * q_tiles, make, [&](int64_t item, SoaScratch& s) {
+    const int64_t slot = item % slots, t0 = (item / slots) * TT;
+    const int n = (int)std::min<int64_t>(TT, P.Nq - t0);
+    for (int64_t bh = slot * per_item; bh < (slot + 1) * per_item; ++bh) {
+      const float* kv = state_p + bh * (kv_size + Fp);
+      K.soa_query_tile(P.spec, dv, DVq, TT, P.gamma[bh % P.heads], qr.at(bh, t0), qr.stride_n, n,
+                       P.rope ? cos_p + t0 : nullptr, P.rope ? sin_p + t0 : nullptr, tab, kv, kv + kv_size,
+                       P.eps_total, outr.mut(bh, t0), outr.stride_n, add ? addr.at(bh, t0) : nullptr,
+                       addr.stride_n, s.xT, s.phiT, s.rT, s.vT);
+    }
+  });
+  return key_max;
+}
+
 // Inference: forward's output, plus `addend` when it is defined, written into `out` (B, heads, N_q, dv) of any
 // strides with a contiguous last dimension (a head group's channels of a wider (B, N, C) map, say), without the
 // intermediate output or the backward's saved state. `addend` (same shape, contiguous last dimension) must not
@@ -354,7 +477,11 @@ at::Tensor forward_into(const at::Tensor& q_in, const at::Tensor& k_in, const at
                         const at::Tensor& sin, const at::Tensor& gamma, double lam, double tau, double angle_scale,
                         bool key_raw, double eps_total, at::Tensor out, const at::Tensor& addend) {
   const at::Tensor q = last_dim_contiguous(q_in), k = last_dim_contiguous(k_in), v = last_dim_contiguous(v_in);
-  const Kernels& K = kernels((int)q.size(3), (int)v.size(3));
+  const int d = (int)q.size(3), dv = (int)v.size(3);
+  const Kernels& tiles = kernels(d, dv);
+  const Kernels& wide = kernels();
+  const bool soa = soa_pays(tiles, wide, d, dv);
+  const Kernels& K = soa ? wide : tiles;
   const Problem P = make_problem(K.width, q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
   const std::vector<int64_t> shape = {q.size(0), q.size(1), q.size(2), v.size(3)};
   const auto check = [&shape](const at::Tensor& t) {
@@ -364,6 +491,7 @@ at::Tensor forward_into(const at::Tensor& q_in, const at::Tensor& k_in, const at
   };
   check(out);
   if (addend.defined() && addend.numel() > 0) check(addend);
+  if (soa) return forward_into_soa(K, P, q, k, v, cos, sin, out, addend);
   auto [kv_state, key_max] = key_pass(K, P, k, v);
   query_pass(K, P, q, kv_state, out, addend, nullptr);
   return key_max;
@@ -473,6 +601,11 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_in, const at::Tensor& q_
 // The widest instruction set the kernels use on this CPU (for heads whose size it suits; see kernels()).
 std::string isa() { return kernels().name; }
 
+// Which kernels forward_into runs for heads of d floats and values of dv: "soa" or "tiles".
+std::string inference_layout(int64_t d, int64_t dv) {
+  return soa_pays(kernels((int)d, (int)dv), kernels(), (int)d, (int)dv) ? "soa" : "tiles";
+}
+
 }  // namespace nala_fused
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -485,4 +618,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("backward", &nala_fused::backward, "gq, gk, gv, ggamma = backward(grad, q, k, v, cos, sin, gamma, out, den, "
                                            "state, lam, tau, angle_scale, key_raw, eps_total)");
   m.def("isa", &nala_fused::isa, "the instruction set the kernels were dispatched to");
+  m.def("inference_layout", &nala_fused::inference_layout, "forward_into's kernels for (d, dv): soa or tiles");
 }
