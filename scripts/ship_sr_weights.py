@@ -43,17 +43,24 @@ STAGE_5 = (
     "; stage 5 ran beside the other x4 network's stage 5, one thread each, from stage 4's run in this checkout, "
     "stopped (SIGSTOP) for about 20 minutes of benchmarks and beside short tests and evaluations for about 15"
 )
+STAGE_6 = (
+    "; stage 6 (LR patch 48 px, batch 4) ran beside the other x4 network's stage 6, one thread each, from stage 5's "
+    "run in this checkout, restarted once from its checkpoint (iterations 1,000 and 750) when its budget was cut "
+    "from 3,000 to 2,500, stopped (SIGSTOP) for a few minutes of benchmarks and beside builds and tests of the "
+    "fused op for about 30 minutes"
+)
 RUN_NOTES = {
     "nalasr-light-x4": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
-    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5,
+    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6,
     "esrt-x4": "stage 1 ran beside the nalasr-light-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
-    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5,
+    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6,
     "nalasr-light-x2": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + "; stage 2 ran with two threads "
     "(OMP_NUM_THREADS=2) and no other training, beside short tests and micro-benchmarks in its first 10 minutes, "
     "from stage 1's weights (restored from the card's safetensors: stage 1 had trained in another checkout); stage 3 "
     "ran with two threads and no other training, beside the test suite for its first ~16 minutes, from stage 2's "
     "shipped weights (--force_yml path:pretrain_network_g=weights/nalasr-light-x2.safetensors: stage 2 had trained in "
-    "another checkout)",
+    "another checkout); stage 4 (LR patch 48 px, batch 4) ran with one thread from stage 3's run in this checkout, "
+    "beside the x4 pair's stage-6 ESRT run, stopped (SIGSTOP) for about 6 minutes of benchmarks",
 }
 # Each shipped weight's training stages, in order: a later stage starts from the one before (its
 # ``pretrain_network_g``); the last one is exported.
@@ -64,6 +71,7 @@ RUNS = {
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_ft.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage4.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage5.yml",
+        "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage6.yml",
     ],
     "esrt-x4": [
         "options/train/ESRT/train_ESRT_x4_mini.yml",
@@ -71,11 +79,13 @@ RUNS = {
         "options/train/ESRT/train_ESRT_x4_photos_ft.yml",
         "options/train/ESRT/train_ESRT_x4_photos_stage4.yml",
         "options/train/ESRT/train_ESRT_x4_photos_stage5.yml",
+        "options/train/ESRT/train_ESRT_x4_photos_stage6.yml",
     ],
     "nalasr-light-x2": [
         "options/train/NaLaSR/train_NaLaSR_light_x2_mini.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x2_photos_ft.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage3.yml",
+        "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage4.yml",
     ],
 }
 # What each data set of the options (their datasets' ``name``) is, for the cards.

@@ -91,7 +91,7 @@ def test_stage4_starts_from_stage3_and_follows_it_in_the_rebuild(weights):
     assert runs.index(f"{stem}_photos_stage4") > runs.index(f"{stem}_photos_ft")
 
 
-@pytest.mark.parametrize("stage", ["stage4", "stage5"])
+@pytest.mark.parametrize("stage", ["stage4", "stage5", "stage6"])
 def test_the_pairs_stage_options_differ_only_in_the_network_and_run(stage):
     (nalasr,), (esrt,) = (stage_options(stem, f"photos_{stage}") for stem, _ in STAGE4.values())
     starts = [opt["path"].pop("pretrain_network_g") for opt in (nalasr, esrt)]
@@ -112,7 +112,10 @@ def test_x2_stage3_is_the_x4_stage4_schedule_at_x2_after_its_photo_stage():
     assert {m["crop_border"] for m in x2["val"]["metrics"].values()} == {2}
     assert x2["train"] == x4["train"]  # the same schedule, budget and EMA
     ship = ship_script()
-    assert ship.RUNS["nalasr-light-x2"][-1] == "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage3.yml"
+    chain = ship.RUNS["nalasr-light-x2"]
+    assert chain[chain.index("options/train/NaLaSR/train_NaLaSR_light_x2_photos_ft.yml") + 1] == (
+        "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage3.yml"
+    )
     runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
     assert runs.index("NaLaSR/train_NaLaSR_light_x2_photos_stage3") > runs.index(
         "NaLaSR/train_NaLaSR_light_x2_photos_ft"
@@ -134,6 +137,57 @@ def test_stage5_starts_from_stage4s_run_with_its_command_for_another_checkout(we
     assert f"--force_yml path:pretrain_network_g=weights/{weights}.safetensors" in header
     assert f"-opt options/train/{stem}_photos_stage5.yml --auto_resume" in header
     ship = ship_script()
-    assert ship.RUNS[weights][-2:] == [f"options/train/{stem}_{s}.yml" for s in ("photos_stage4", "photos_stage5")]
+    stage4_file, stage5_file = (f"options/train/{stem}_{s}.yml" for s in ("photos_stage4", "photos_stage5"))
+    chain = ship.RUNS[weights]
+    assert chain[chain.index(stage4_file) + 1] == stage5_file
     runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
     assert runs.index(f"{stem}_photos_stage5") > runs.index(f"{stem}_photos_stage4")
+
+
+@pytest.mark.parametrize("weights", list(STAGE4))
+def test_stage6_is_stage5s_data_at_the_papers_patch_from_stage5s_run(weights):
+    stem, _ = STAGE4[weights]
+    stage5, stage6 = stage_options(stem, "photos_stage5", "photos_stage6")
+    assert stage6["path"]["pretrain_network_g"] == f"experiments/{stage5['name']}/models/net_g_latest.pth"
+    assert stage6["path"]["param_key_g"] == "params_ema"
+    before, after = stage5["datasets"]["train"], stage6["datasets"]["train"]
+    # LR patch 48 px (ESRT's paper) at half the batch: about the same LR pixels per step as stage 5's 32 px x 8.
+    assert (after.pop("gt_size") // 4, after.pop("batch_size_per_gpu")) == (48, 4)
+    del before["gt_size"], before["batch_size_per_gpu"]
+    assert after == before and stage6["datasets"]["val"] == stage5["datasets"]["val"]
+    assert stage6["network_g"] == stage5["network_g"]
+    train = stage6["train"]
+    milestones = train["scheduler"]["milestones"]
+    assert milestones == sorted(milestones) and milestones[-1] < train["total_iter"] == stage6["val"]["val_freq"]
+    header = (REPO / "options" / "train" / f"{stem}_photos_stage6.yml").read_text()
+    assert f"--force_yml path:pretrain_network_g=weights/{weights}.safetensors" in header
+    assert f"-opt options/train/{stem}_photos_stage6.yml --auto_resume" in header
+    ship = ship_script()
+    assert ship.RUNS[weights][-2:] == [f"options/train/{stem}_{s}.yml" for s in ("photos_stage5", "photos_stage6")]
+    runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
+    assert runs.index(f"{stem}_photos_stage6") > runs.index(f"{stem}_photos_stage5")
+
+
+def test_x2_stage4_is_the_x4_stage6_patch_and_rate_at_x2_after_stage3():
+    x4, x2_before, x2 = (
+        *stage_options("NaLaSR/train_NaLaSR_light", "x4_photos_stage6"),
+        *stage_options("NaLaSR/train_NaLaSR_light", "x2_photos_stage3", "x2_photos_stage4"),
+    )
+    assert x2["path"]["pretrain_network_g"] == f"experiments/{x2_before['name']}/models/net_g_latest.pth"
+    data = x2["datasets"]["train"]
+    assert data["gt_size"] // 2 == x4["datasets"]["train"]["gt_size"] // 4 == 48  # the same LR patch
+    assert data["batch_size_per_gpu"] == x4["datasets"]["train"]["batch_size_per_gpu"]
+    assert data["dataroot_lq"].endswith("X2_sub") and x2["datasets"]["val"] == x2_before["datasets"]["val"]
+    assert x2["network_g"] == x2_before["network_g"]
+    train = x2["train"]
+    assert train["optim_g"] == x4["train"]["optim_g"]  # the x4 stage 6's rate
+    assert [m / train["total_iter"] for m in train["scheduler"]["milestones"]] == [
+        m / x4["train"]["total_iter"] for m in x4["train"]["scheduler"]["milestones"]
+    ]  # halved at the same fractions of a shorter stage
+    assert train["total_iter"] == x2["val"]["val_freq"]
+    ship = ship_script()
+    assert ship.RUNS["nalasr-light-x2"][-1] == "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage4.yml"
+    runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
+    assert runs.index("NaLaSR/train_NaLaSR_light_x2_photos_stage4") > runs.index(
+        "NaLaSR/train_NaLaSR_light_x2_photos_stage3"
+    )
