@@ -90,6 +90,15 @@ def test_fused_equals_the_pytorch_path_forward_and_gradients(monkeypatch, case):
         assert ((a - b).abs().max() / scale) < 1e-5, (name, ((a - b).abs().max() / scale).item())
 
 
+def _with_extreme_rows(where: str, magnitude: float, n: int, d: int, dv: int) -> tuple[torch.Tensor, ...]:
+    """Random q, k, v (1, 2, n, .) whose every third query or key row is zero or +-magnitude."""
+    torch.manual_seed(3)
+    q, k, v = torch.randn(1, 2, n, d), torch.randn(1, 2, n, d), torch.randn(1, 2, n, dv)
+    target = q if where == "queries" else k
+    target[:, :, ::3] = target[:, :, ::3].sign() * magnitude if magnitude else 0.0
+    return q, k, v
+
+
 # Inference (no gradient to track) runs the op's forward_into: for heads that a vector does not divide, the kernels
 # with the tokens in the lanes (nala_soa.inc); these shapes take that path (test_heads_of_18_take_the_soa_kernels).
 SOA_CASES = {
@@ -133,10 +142,7 @@ def test_inference_equals_the_pytorch_path(monkeypatch, case):
 @pytest.mark.parametrize("where", ["queries", "keys"])
 @pytest.mark.parametrize("magnitude", [0.0, 1e-30, 5e3, 1e30])
 def test_inference_on_zero_tiny_and_huge_vectors(monkeypatch, where, magnitude):
-    torch.manual_seed(3)
-    q, k, v = torch.randn(1, 2, 150, 18), torch.randn(1, 2, 150, 18), torch.randn(1, 2, 150, 18)
-    target = q if where == "queries" else k
-    target[:, :, ::3] = target[:, :, ::3].sign() * magnitude if magnitude else 0.0
+    q, k, v = _with_extreme_rows(where, magnitude, n=150, d=18, dv=18)
 
     def run():
         with torch.inference_mode():
@@ -249,10 +255,7 @@ def test_out_and_add_follow_torch_semantics_on_every_path(monkeypatch):
 @pytest.mark.parametrize("where", ["queries", "keys"])
 @pytest.mark.parametrize("magnitude", [0.0, 1e-30, 5e3, 1e30])
 def test_zero_tiny_and_huge_vectors(monkeypatch, where, magnitude):
-    torch.manual_seed(3)
-    q, k, v = torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 16), torch.randn(1, 2, 30, 8)
-    target = q if where == "queries" else k
-    target[:, :, ::3] = target[:, :, ::3].sign() * magnitude if magnitude else 0.0
+    q, k, v = _with_extreme_rows(where, magnitude, n=30, d=16, dv=8)
     q.requires_grad_()
     k.requires_grad_()
 
