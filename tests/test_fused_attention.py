@@ -154,18 +154,27 @@ def test_inference_on_zero_tiny_and_huge_vectors(monkeypatch, where, magnitude):
     assert out_f.abs().max() <= v.abs().max() + 1e-5
 
 
+def _at_one_and_two_threads(fn):
+    """fn() with one thread, then with two or more: the two results."""
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = fn()
+        torch.set_num_threads(max(2, threads))
+        return one, fn()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_inference_results_do_not_depend_on_the_thread_count():
     torch.manual_seed(5)
     q, k, v = (torch.randn(1, 2, 3000, 18) for _ in range(3))
-    threads = torch.get_num_threads()
-    try:
+
+    def run():
         with torch.inference_mode():
-            torch.set_num_threads(1)
-            one = linear_attention(q, k, v)
-            torch.set_num_threads(max(2, threads))
-            many = linear_attention(q, k, v)
-    finally:
-        torch.set_num_threads(threads)
+            return linear_attention(q, k, v)
+
+    one, many = _at_one_and_two_threads(run)
     assert torch.equal(one, many)
 
 
@@ -299,15 +308,9 @@ def test_half_inputs_compute_in_float32_and_return_their_dtype(monkeypatch, dtyp
 
 def test_results_do_not_depend_on_the_thread_count():
     torch.manual_seed(5)
-    q, k, v = (torch.randn(1, 2, 3000, 32) for _ in range(3))  # few heads, many tiles: work split within heads
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        one = linear_attention(q, k, v)
-        torch.set_num_threads(max(2, threads))
-        many = linear_attention(q, k, v)
-    finally:
-        torch.set_num_threads(threads)
+    # few heads, many tiles: work split within heads; inputs that need a gradient take the training forward
+    q, k, v = (torch.randn(1, 2, 3000, 32, requires_grad=True) for _ in range(3))
+    one, many = _at_one_and_two_threads(lambda: linear_attention(q, k, v).detach())
     assert torch.equal(one, many)
 
 

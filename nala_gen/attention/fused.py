@@ -121,10 +121,15 @@ def _per_head(norm_scale: float | Tensor, heads: int) -> Tensor:
     return torch.full((heads,), check_norm_scale(norm_scale))
 
 
+def _tracks_grad(*tensors) -> bool:
+    """Whether autograd would record a call on these (tensors among them; other arguments are passed over)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors if isinstance(t, Tensor))
+
+
 def writes_into(out: Tensor, add: Tensor | None, *inputs: Tensor) -> bool:
     """Whether the op can write its output (plus ``add``) straight into ``out``: float32 CPU tensors with a
     contiguous last dimension, and no gradient to track (the path keeps nothing for a backward)."""
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, out) if isinstance(t, Tensor)):
+    if _tracks_grad(*inputs, out):
         return False
     written = (out,) if add is None else (out, add)
     return all(t.dtype == torch.float32 and t.device.type == "cpu" and t.stride(-1) == 1 for t in written)
@@ -168,7 +173,7 @@ def nala_attention(
     # Without a gradient to track, the inference entry: it keeps nothing for a backward and, for heads that a vector
     # does not divide (NaLaSR's 18 floats), runs the kernels with the tokens in the lanes.
     into = out
-    if into is None and not (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, gamma))):
+    if into is None and not _tracks_grad(q, k, v, gamma):
         into = q.new_empty((*q.shape[:-1], v.shape[-1]))
 
     def run(keys: Tensor) -> tuple[Tensor, Tensor]:
