@@ -1,6 +1,9 @@
 """NaLaSR and ESRT where SR users keep their models: huggingface_hub's save_pretrained / from_pretrained folders."""
 
+import copy
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -34,6 +37,28 @@ def test_save_and_load_pretrained_round_trip(tmp_path, monkeypatch, cls, config)
         out = model(x)
         assert out.shape == (1, 3, 10 * config["upscale"], 12 * config["upscale"])
         torch.testing.assert_close(loaded(x), out, rtol=0, atol=0)
+
+
+def test_hub_methods_return_the_arch_and_keep_its_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = NaLaSR(num_feat=16, num_block=1, num_heads=4, upscale=2, gate=False)
+    assert copy.deepcopy(model)._hub_mixin_config == model._hub_mixin_config  # BasicSR's EMA copy saves the same
+    model.save_pretrained(tmp_path)
+    assert "\n- nala\n" in (tmp_path / "README.md").read_text()  # the model card with the arch's tags
+    loaded = NaLaSR.from_pretrained(tmp_path)
+    assert type(loaded) is NaLaSR  # not the twin class the mixin ran through
+    assert loaded._hub_mixin_config == model._hub_mixin_config and loaded._hub_mixin_config["gate"] is False
+
+
+def test_the_archs_load_without_huggingface_hubs_http_client():
+    """One-image ``nala-sr upscale`` builds a network: the mixin's module (and its HTTP client) waits for a hub call."""
+    code = (
+        "import sys\nfrom nala_gen.sr.archs.nalasr_arch import NaLaSR\nfrom nala_gen.sr.archs.esrt_arch import ESRT\n"
+        "NaLaSR(num_feat=16, num_block=1, num_heads=4)\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('huggingface_hub.hub_mixin', 'httpx'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 @pytest.mark.parametrize("name", ["nalasr-light-x4", "nalasr-light-x2", "esrt-x4"])

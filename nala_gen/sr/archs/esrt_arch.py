@@ -30,10 +30,11 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from nala_gen.attention import report_queries_keys
+
+from .hub import HubMixin
 
 Tensor = torch.Tensor
 Grid = tuple[int, int]
@@ -331,7 +332,7 @@ class ESRTLayout(nn.Module):
         return not torch.is_grad_enabled() or not (x.requires_grad or any(p.requires_grad for p in self.parameters()))
 
 
-class ESRT(ESRTLayout, PyTorchModelHubMixin, library_name="nala_gen", tags=["super-resolution", "esrt"]):
+class ESRT(ESRTLayout, HubMixin, hub_tags=("super-resolution", "esrt")):
     """ESRT with efficient multi-head attention (split softmax). 751,767 parameters at x4 (677,783 at x2,
     770,263 at x3), as published. ``save_pretrained`` / ``from_pretrained`` as :class:`NaLaSR`.
 

@@ -13,13 +13,13 @@ the gate projection, LePE and the output LayerNorm).
 from __future__ import annotations
 
 import torch
-from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from nala_gen.attention import NaLaAttention
 from nala_gen.attention.modules import kernel_from_alias
 
 from .esrt_arch import ESRTLayout
+from .hub import HubMixin
 
 Tensor = torch.Tensor
 
@@ -61,12 +61,13 @@ class NaLaTokenAttention(nn.Module):
         return self.block(self.reduce(x), hw)
 
 
-class NaLaSR(ESRTLayout, PyTorchModelHubMixin, library_name="nala_gen", tags=["super-resolution", "nala"]):
+class NaLaSR(ESRTLayout, HubMixin, hub_tags=("super-resolution", "nala")):
     """NaLaSR: ESRT's layout with the NaLa block as its transformer's attention, linear in LR pixels.
 
     Every part of the block is a switch, so ablations are one YAML field each. ``save_pretrained(folder)`` and
     ``NaLaSR.from_pretrained(folder)`` write and read ``config.json`` + ``model.safetensors`` (huggingface_hub's
-    model-mixin convention; local folders work offline).
+    model-mixin convention, its module imported on first use: :mod:`~nala_gen.sr.archs.hub`; local folders work
+    offline).
 
     Args:
         num_in_ch, num_out_ch: image channels in and out (3).
