@@ -150,6 +150,23 @@ def test_head_groups_keep_each_heads_own_norm_scale(monkeypatch, heads, norm_sca
     assert (plain - graph).abs().max().item() <= TOL
 
 
+@pytest.mark.parametrize("rows_per_band", [1, 2, 5])
+@pytest.mark.parametrize("batch", [1, 2])
+def test_transformer_bands_compute_the_whole_maps_function(monkeypatch, rows_per_band, batch):
+    # Large maps run the transformer's steps around the attention (and the block's norm and gate) in bands of rows
+    # with halos: the bands' seams and the map's top and bottom edges must come out as the whole map's.
+    net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=11)
+    x = torch.rand(batch, 3, 17, 13, generator=torch.Generator().manual_seed(5))
+    transformer = inference_graph(net).body.transformer[0]
+    row_bytes = batch * 13 * (transformer.x_weight_proj.shape[0] + transformer.h_weight_proj.shape[0]) * 4
+    monkeypatch.setattr(graph_module, "TRANSFORMER_BAND_BYTES", row_bytes * rows_per_band)
+    bands = graph_module._row_bands(17, row_bytes)
+    assert len(bands) == -(-17 // rows_per_band) and bands[0][0] == 0 and bands[-1][1] == 17
+    assert all(stop == start for (_, stop), (start, _) in zip(bands, bands[1:]))  # adjacent, no gaps or overlaps
+    plain, graph = plain_and_graph(net, x)
+    assert (plain - graph).abs().max().item() <= TOL
+
+
 def test_negative_and_zero_residual_scales_are_not_folded_through_relu():
     net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=7)
     with torch.no_grad():

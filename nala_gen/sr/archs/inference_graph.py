@@ -55,9 +55,13 @@ Tensor = torch.Tensor
 REACH_PROBES = (3, 6, 12)  # max_radius tried in turn by ComposedUpsampler
 # A head group's q/k/v projection is kept within this many bytes (HeadGroupedMix): at 1 MP out at x4 (62,500 tokens
 # of NaLaSR-light, 108 MB for all eight heads) two groups of four: as fast as one group there, with a lower peak
-# (docs/results/peers.md); at 4 MP the peak lies elsewhere (the transformer's 144-wide token maps after the
-# attention).
+# (docs/results/peers.md); at 4 MP one head at a time.
 QKV_GROUP_BYTES = 64 * 2**20
+# The transformer runs its token maps around the attention in bands of whole LR rows whose widest temporaries stay
+# within this many bytes (ComposedTransformer): one band at 1 MP out at x4 (250 rows of 250 px), four at 4 MP, where
+# the whole maps (144 to 160 floats per LR pixel each, three or four held at once) were the pass's peak. What is
+# held whole is then the attention's input and output and one head group's q/k/v.
+TRANSFORMER_BAND_BYTES = 96 * 2**20
 
 
 def _impulse_response(chain: nn.Module, in_ch: int, scale: int, probe: int) -> tuple[Tensor, Tensor]:
@@ -190,6 +194,23 @@ def _padded_rows(weight: Tensor, multiple: int = 16) -> Tensor:
     return torch.cat([weight, weight.new_zeros(extra, *weight.shape[1:])]) if extra else weight
 
 
+def _row_bands(height: int, row_bytes: int) -> list[tuple[int, int]]:
+    """Bands ``[start, stop)`` of whole rows covering ``height`` rows, as few as keep a band's temporaries
+    (``row_bytes`` per row) within ``TRANSFORMER_BAND_BYTES``, of near-equal heights."""
+    count = -(-height * row_bytes // TRANSFORMER_BAND_BYTES) if row_bytes else 1
+    count = min(max(count, 1), height)
+    edges = [round(i * height / count) for i in range(count + 1)]
+    return list(zip(edges, edges[1:]))
+
+
+def _rows_with_halo(x: Tensor, start: int, stop: int, halo: int) -> tuple[Tensor, slice]:
+    """Rows ``[start, stop)`` of a (B, K, H, W) map with up to ``halo`` rows either side (fewer at its edges), and
+    the rows of a same-size convolution of that slice that hold the band: rows a zero-padded convolution of the
+    whole map computes alike, since every input row they read is in the slice or outside the map."""
+    first, last = max(start - halo, 0), min(stop + halo, x.shape[-2])
+    return x[..., first:last, :], slice(start - first, stop - first)
+
+
 def _pointwise(t: Tensor, hw: tuple[int, int], weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """A Linear on (B, N, K) tokens of an H x W grid, ``weight`` (out, K, 1, 1), as a 1x1 convolution of their
     channels-last map -> (B, N, out). Why: oneDNN's convolution ran these shapes (tens of thousands of tokens, 100
@@ -253,8 +274,17 @@ class HeadGroupedMix(nn.Module):
             self._attend(x, block.num_heads // groups, g, out, hw, rope, scale)
         if block.out_norm is None:
             return out
-        out = block.out_norm(out)  # before the gate's projection: the unnormalised output is gone by then
-        return out.mul_(F.silu(_pointwise(x, hw, self.gate_weight, self.gate_bias), inplace=True))  # the norm's dtype
+        bands = _row_bands(hw[0], x.shape[0] * hw[1] * 2 * x.shape[-1] * x.element_size())
+        if len(bands) == 1 or out.dtype != block.out_norm.weight.dtype:  # (under autocast the norm's is float32)
+            out = block.out_norm(out)  # before the gate's projection: the unnormalised output is gone by then
+            return out.mul_(F.silu(_pointwise(x, hw, self.gate_weight, self.gate_bias), inplace=True))
+        # Large maps: the norm and gate a band of rows at a time, in place, so that no second and third (B, N, C)
+        # map is held beside x and out (the attention's output is each token's own from here on).
+        for start, stop in bands:
+            tokens = slice(start * hw[1], stop * hw[1])
+            gate = _pointwise(x[:, tokens], (stop - start, hw[1]), self.gate_weight, self.gate_bias)
+            out[:, tokens] = block.out_norm(out[:, tokens]).mul_(F.silu(gate, inplace=True))
+        return out
 
     def _attend(
         self, x: Tensor, per_group: int, g: int, out: Tensor, hw: tuple[int, int], rope, scale: Tensor | None
@@ -364,41 +394,90 @@ class ComposedTransformer(nn.Module):
             self.register_buffer(name, value.to(like), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        """x: (B, C, H, W) -> (B, C, H, W), the Efficient Transformer's output."""
+        """x: (B, C, H, W) -> (B, C, H, W), the Efficient Transformer's output.
+
+        Around the attention, which is global, every step is local (3x3 convolutions of x, per-token products with
+        h, a 3x3 fold): each runs a band of rows at a time (one band up to ``TRANSFORMER_BAND_BYTES``), reading its
+        neighbours' rows of x, h and z as halos, so that only x, the attention's input and output and per-token
+        scalars are held whole."""
         b, _, height, width = x.shape
-        n, d, r = height * width, self.dim, self.reduced
-
-        def tokens(t: Tensor) -> Tensor:  # (B, K, H, W) -> (B, N, K); a view for channels-last maps
-            return t.permute(0, 2, 3, 1).reshape(b, n, -1)
-
-        def grid(t: Tensor) -> Tensor:  # (B, N, K) -> (B, K, H, W), channels-last strides
-            return t.view(b, height, width, -1).permute(0, 3, 1, 2)
-
-        conv = tokens(F.conv2d(x, self.x_weight_in, padding=1))  # (B, N, R + 1 + pad)
-        sum_t = conv[..., r : r + 1].clone()  # (B, N, 1), kept without the rest of the map
-        sq_t = tokens(F.conv2d(x.square().sum(1, keepdim=True), self.box, padding=1))  # (B, N, 1): sum T^2
-        mean_t = sum_t / d
-        rstd_t = torch.rsqrt(sq_t / d - mean_t.square() + self.eps1)
-        centred = torch.addcmul(conv[..., :r], mean_t, self.reduce_sum, value=-1)  # one pass, no (B, N, R) product
-        reduced = torch.addcmul(self.reduce_bias, centred, rstd_t)
-        del centred, conv
+        # a band's widest temporaries per row: a convolution of x and a Linear on h, each R + 1 or 2 (+ pad) wide
+        bands = _row_bands(height, b * width * (self.x_weight_proj.shape[0] + self.h_weight_proj.shape[0]) * 4)
+        square_sum = x.square().sum(1, keepdim=True)  # (B, 1, H, W): per pixel, for sum T^2
+        # the attention's input (B, N, R), and each token's [sum T | sum T^2] (B, N, 2), kept for LN2
+        reduced, sums = self._attention_input(x, square_sum, *bands[0])
+        if len(bands) > 1:
+            band, band_sums = reduced, sums
+            reduced = band.new_empty(b, height * width, band.shape[-1])
+            sums = band_sums.new_empty(b, height * width, 2)
+            for i, (start, stop) in enumerate(bands):
+                if i:
+                    band, band_sums = self._attention_input(x, square_sum, start, stop)
+                tokens = slice(start * width, stop * width)
+                reduced[:, tokens], sums[:, tokens] = band, band_sums
+                del band, band_sums
+        del square_sum
         h = self.mix(reduced, (height, width))  # (B, N, R)
         del reduced
-        conv = tokens(F.conv2d(x, self.x_weight_proj, padding=1))  # (B, N, R + 1 + pad)
-        lin = _pointwise(h, (height, width), self.h_weight_proj)  # (B, N, R + 2 + pad)
-        mean_a = (sum_t + lin[..., r : r + 1] + self.proj_bias_sum) / d
+        if len(bands) == 1:
+            out = self._fold_band(x, h, sums, 0, height)
+        else:
+            out = None
+            for start, stop in bands:
+                band = self._fold_band(x, h, sums, start, stop)
+                if out is None:
+                    out = torch.empty_like(x, dtype=band.dtype)
+                out[..., start:stop, :] = band
+                del band
+        return self._add_fold_edges(out.add_(x, alpha=9), x)
+
+    @staticmethod
+    def _tokens(t: Tensor) -> Tensor:
+        """(B, K, h, W) -> (B, h * W, K); a view for channels-last maps (batch 1)."""
+        return t.permute(0, 2, 3, 1).reshape(t.shape[0], -1, t.shape[1])
+
+    def _attention_input(self, x: Tensor, square_sum: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor]:
+        """Rows [start, stop): reduce(LN1(T)) (B, n, R) and [sum T | sum T^2] (B, n, 2), n their tokens."""
+        d, r = self.dim, self.reduced
+        part, rows = _rows_with_halo(x, start, stop, 1)
+        conv = self._tokens(F.conv2d(part, self.x_weight_in, padding=1)[..., rows, :])  # (B, n, R + 1 + pad)
+        part, rows = _rows_with_halo(square_sum, start, stop, 1)
+        sums = torch.cat([conv[..., r : r + 1], self._tokens(F.conv2d(part, self.box, padding=1)[..., rows, :])], -1)
+        mean_t = sums[..., :1] / d
+        rstd_t = torch.rsqrt(sums[..., 1:] / d - mean_t.square() + self.eps1)
+        centred = torch.addcmul(conv[..., :r], mean_t, self.reduce_sum, value=-1)  # one pass, no (B, n, R) product
+        del conv
+        return torch.addcmul(self.reduce_bias, centred, rstd_t), sums
+
+    def _fold_band(self, x: Tensor, h: Tensor, sums: Tensor, start: int, stop: int) -> Tensor:
+        """Rows [start, stop) of ``fold(b) - count * x``, (B, C, stop - start, W) channels-last; ``h`` (B, N, R)
+        the attention's output, ``sums`` each token's [sum T | sum T^2]."""
+        b, _, height, width = x.shape
+        d, r = self.dim, self.reduced
+        # The fold of rows [start, stop) reads h and z one row beyond them; z's LN2 statistics, convolutions of x
+        # one row beyond those.
+        first, last = max(start - 1, 0), min(stop + 1, height)
+        part, rows = _rows_with_halo(x, first, last, 1)
+        tokens, hw = slice(first * width, last * width), (last - first, width)
+        h, sums = h[:, tokens], sums[:, tokens]
+        conv = self._tokens(F.conv2d(part, self.x_weight_proj, padding=1)[..., rows, :])  # (B, n, R + 1 + pad)
+        lin = _pointwise(h, hw, self.h_weight_proj)  # (B, n, R + 2 + pad)
+        mean_a = (sums[..., :1] + lin[..., r : r + 1] + self.proj_bias_sum) / d
         t_dot_o = _row_dot(conv[..., :r], h) + conv[..., r : r + 1]
         o_sq = _row_dot(lin[..., :r], h) + 2 * lin[..., r + 1 : r + 2] + self.proj_bias_sq
         del conv, lin
-        rstd_a = torch.rsqrt((sq_t + 2 * t_dot_o + o_sq) / d - mean_a.square() + self.eps2)
-        pre = tokens(F.conv2d(x, self.x_weight_fc1, padding=1)).add_(_pointwise(h, (height, width), self.h_weight_fc1))
-        z = (
-            pre.add_(self.fc1_inner).addcmul_(mean_a, self.fc1_sum, value=-1).mul_(rstd_a).add_(self.fc1_bias).relu_()
-        )  # (B, N, M + pad)
+        rstd_a = torch.rsqrt((sums[..., 1:] + 2 * t_dot_o + o_sq) / d - mean_a.square() + self.eps2)
+        pre = self._tokens(F.conv2d(part, self.x_weight_fc1, padding=1)[..., rows, :])
+        pre.add_(_pointwise(h, hw, self.h_weight_fc1)).add_(self.fc1_inner)
+        z = pre.addcmul_(mean_a, self.fc1_sum, value=-1).mul_(rstd_a).add_(self.fc1_bias).relu_()  # (B, n, M + pad)
         del pre  # the fold below holds only h and z
+
+        def grid(t: Tensor) -> Tensor:  # (B, n, K) -> (B, K, last - first, W), channels-last strides
+            return t.reshape(b, hw[0], width, -1).permute(0, 3, 1, 2)
+
         out = F.conv_transpose2d(grid(h), self.fold_h, self.fold_bias_inside, padding=1)
         out += F.conv_transpose2d(grid(z), self.fold_z, padding=1)
-        return self._add_fold_edges(out.add_(x, alpha=9), x)
+        return out[..., start - first : stop - first, :]
 
     def _add_fold_edges(self, out: Tensor, x: Tensor) -> Tensor:
         """``out`` holds the fold's bias and ``count * x`` as at a pixel covered by all nine 3x3 windows; fix the
