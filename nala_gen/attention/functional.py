@@ -82,7 +82,14 @@ def _check(q: Tensor, k: Tensor, v: Tensor) -> None:
         raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
 
 
-def _rope_slice(rope: Rope | None, start: int, stop: int) -> Rope | None:
+def _chunks(tokens: int, chunk_size: int, whole: bool) -> list[tuple[int, int | None]]:
+    """``[start, stop)`` steps of ``chunk_size`` tokens over ``tokens``; one step of all of them when ``whole``."""
+    if whole:
+        return [(0, None)]
+    return [(start, start + chunk_size) for start in range(0, tokens, chunk_size)]
+
+
+def _rope_slice(rope: Rope | None, start: int, stop: int | None) -> Rope | None:
     return None if rope is None else (rope[0][start:stop], rope[1][start:stop])
 
 
@@ -160,9 +167,11 @@ def linear_attention(
         return _written(fused.nala_attention(q, k, v, rope, eps_total, **kernel_options), out, add)
     k = safe_keys(kernel, k, **kernel_options)
     phi = compiled_feature_map(kernel) if compile else spec.features
+    # Traced (an ONNX export, say), the loops below would keep the traced size's trip count and drop every token
+    # past it at other sizes: one step over all tokens there.
+    whole = fused.tracing()
     kv, k_sum = None, None
-    for start in range(0, k.shape[-2], chunk_size):
-        stop = start + chunk_size
+    for start, stop in _chunks(k.shape[-2], chunk_size, whole):
         phi_k = phi(k[..., start:stop, :], False, **kernel_options)
         v_chunk = upcast(v[..., start:stop, :])
         kv_part = _rotate(phi_k, _rope_slice(rope, start, stop)).transpose(-2, -1) @ v_chunk
@@ -171,8 +180,7 @@ def linear_attention(
         k_sum = sum_part if k_sum is None else k_sum.add_(sum_part)
 
     result = torch.empty(*q.shape[:-1], v.shape[-1], dtype=v.dtype, device=v.device)
-    for start in range(0, q.shape[-2], chunk_size):
-        stop = start + chunk_size
+    for start, stop in _chunks(q.shape[-2], chunk_size, whole):
         phi_q = phi(q[..., start:stop, :], True, **kernel_options)
         denominator = (phi_q * k_sum).sum(dim=-1, keepdim=True).add_(eps_total).clamp_min_(_TINY)
         numerator = _rotate(phi_q, _rope_slice(rope, start, stop)) @ kv

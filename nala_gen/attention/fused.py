@@ -72,15 +72,19 @@ def enabled() -> bool:
     return _op is not None and os.environ.get("NALA_GEN_FUSED", "1").lower() not in ("0", "false", "no")
 
 
-def _tracing() -> bool:
+def tracing() -> bool:
+    """Whether the code runs under a tracer (torch.compile, torch.export, torch.onnx.export, torch.jit.trace) rather
+    than eagerly: the fused op is then not called, and Python loops over sizes must not be, since a traced graph
+    keeps the trip count of the size it was traced at."""
     # torch.onnx is imported lazily, and importing it costs a tenth of a second: an export has imported it already.
     onnx = sys.modules.get("torch.onnx")
-    return torch.compiler.is_compiling() or torch.jit.is_tracing() or (onnx is not None and onnx.is_in_onnx_export())
+    exporting = torch.compiler.is_exporting() or (onnx is not None and onnx.is_in_onnx_export())
+    return torch.compiler.is_compiling() or torch.jit.is_tracing() or exporting
 
 
 def eligible(q: Tensor, k: Tensor, v: Tensor, options: dict) -> bool:
     """Whether ``linear_attention(q, k, v, kernel="nala", **options)`` can take the fused op."""
-    if not enabled() or _tracing() or not OPTIONS.issuperset(options):
+    if not enabled() or tracing() or not OPTIONS.issuperset(options):
         return False
     tensors = (q, k, v)
     if any(t.device.type != "cpu" or t.dtype not in (torch.float32, torch.float16, torch.bfloat16) for t in tensors):

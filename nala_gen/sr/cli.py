@@ -512,7 +512,7 @@ def export_onnx(argv: list[str]) -> int:
         )
         return 1
     error = export_onnx(model, args.output)
-    sizes = " and ".join(f"{w}x{h}" for h, w in CHECK_SIZES)
+    sizes = ", ".join(f"{w}x{h}" for h, w in CHECK_SIZES)
     print(
         f"wrote {args.output} ({info['name']}, x{info['scale']}): onnxruntime matches PyTorch to {error:.1e} on {sizes}"
     )

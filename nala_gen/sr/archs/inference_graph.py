@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nala_gen.attention import NaLaAttention, linear_attention, map_to_tokens, tokens_to_map
+from nala_gen.attention.fused import tracing
 
 from .esrt_arch import ESRTLayout, upsample_to
 
@@ -194,19 +195,26 @@ def _padded_rows(weight: Tensor, multiple: int = 16) -> Tensor:
     return torch.cat([weight, weight.new_zeros(extra, *weight.shape[1:])]) if extra else weight
 
 
-def _row_bands(height: int, row_bytes: int) -> list[tuple[int, int]]:
+def _row_bands(height: int, row_bytes: int) -> list[tuple[int, int | None]]:
     """Bands ``[start, stop)`` of whole rows covering ``height`` rows, as few as keep a band's temporaries
-    (``row_bytes`` per row) within ``TRANSFORMER_BAND_BYTES``, of near-equal heights."""
-    count = -(-height * row_bytes // TRANSFORMER_BAND_BYTES) if row_bytes else 1
-    count = min(max(count, 1), height)
+    (``row_bytes`` per row) within ``TRANSFORMER_BAND_BYTES``, of near-equal heights; ``[(0, None)]``, the whole
+    map, where one band holds it, and while the graph is traced (export to ONNX: sizes are symbols there)."""
+    if tracing():
+        return [(0, None)]
+    count = min(-(-height * row_bytes // TRANSFORMER_BAND_BYTES), height)
+    if count <= 1:
+        return [(0, None)]
     edges = [round(i * height / count) for i in range(count + 1)]
     return list(zip(edges, edges[1:]))
 
 
-def _rows_with_halo(x: Tensor, start: int, stop: int, halo: int) -> tuple[Tensor, slice]:
-    """Rows ``[start, stop)`` of a (B, K, H, W) map with up to ``halo`` rows either side (fewer at its edges), and
-    the rows of a same-size convolution of that slice that hold the band: rows a zero-padded convolution of the
-    whole map computes alike, since every input row they read is in the slice or outside the map."""
+def _rows_with_halo(x: Tensor, start: int, stop: int | None, halo: int) -> tuple[Tensor, slice]:
+    """Rows ``[start, stop)`` (``stop`` None: to the end) of a (B, K, H, W) map with up to ``halo`` rows either
+    side (fewer at its edges), and the rows of a same-size convolution of that slice that hold the band: rows a
+    zero-padded convolution of the whole map computes alike, since every input row they read is in the slice or
+    outside the map."""
+    if start == 0 and stop is None:
+        return x, slice(None)
     first, last = max(start - halo, 0), min(stop + halo, x.shape[-2])
     return x[..., first:last, :], slice(start - first, stop - first)
 
@@ -269,7 +277,7 @@ class HeadGroupedMix(nn.Module):
         rope = block._rope(hw, x.device)
         scale = None if block.log_norm_scale is None else block.log_norm_scale.exp().view(-1, 1, 1)
         out = torch.empty_like(x)
-        groups = self.groups(x.shape[0] * x.shape[1], x.element_size())
+        groups = 1 if tracing() else self.groups(x.shape[0] * x.shape[1], x.element_size())
         for g in range(groups):
             self._attend(x, block.num_heads // groups, g, out, hw, rope, scale)
         if block.out_norm is None:
@@ -310,6 +318,10 @@ class HeadGroupedMix(nn.Module):
             v_map = tokens_to_map(v_tokens, hw)  # channels-last, no copy
             local = F.conv2d(v_map, lepe.weight[picked], lepe.bias[picked], padding=lepe.padding, groups=width)
             local = map_to_tokens(local).reshape(b, n, per_group, d).transpose(1, 2)  # (B, h_g, N, d)
+        if tracing():  # an exported graph has no out= writes into strided views: the result is copied in
+            result = linear_attention(q, k, v, kernel=block.kernel, rope=rope, add=local, **options)
+            out[..., g * width : (g + 1) * width] = result.transpose(1, 2).reshape(b, n, width)
+            return
         linear_attention(q, k, v, kernel=block.kernel, rope=rope, out=channels, add=local, **options)
 
 
@@ -420,7 +432,7 @@ class ComposedTransformer(nn.Module):
         h = self.mix(reduced, (height, width))  # (B, N, R)
         del reduced
         if len(bands) == 1:
-            out = self._fold_band(x, h, sums, 0, height)
+            out = self._fold_band(x, h, sums, 0, None)
         else:
             out = None
             for start, stop in bands:
@@ -436,8 +448,9 @@ class ComposedTransformer(nn.Module):
         """(B, K, h, W) -> (B, h * W, K); a view for channels-last maps (batch 1)."""
         return t.permute(0, 2, 3, 1).reshape(t.shape[0], -1, t.shape[1])
 
-    def _attention_input(self, x: Tensor, square_sum: Tensor, start: int, stop: int) -> tuple[Tensor, Tensor]:
-        """Rows [start, stop): reduce(LN1(T)) (B, n, R) and [sum T | sum T^2] (B, n, 2), n their tokens."""
+    def _attention_input(self, x: Tensor, square_sum: Tensor, start: int, stop: int | None) -> tuple[Tensor, Tensor]:
+        """Rows [start, stop) (``stop`` None: all from ``start`` = 0): reduce(LN1(T)) (B, n, R) and [sum T | sum T^2]
+        (B, n, 2), n their tokens."""
         d, r = self.dim, self.reduced
         part, rows = _rows_with_halo(x, start, stop, 1)
         conv = self._tokens(F.conv2d(part, self.x_weight_in, padding=1)[..., rows, :])  # (B, n, R + 1 + pad)
@@ -449,17 +462,20 @@ class ComposedTransformer(nn.Module):
         del conv
         return torch.addcmul(self.reduce_bias, centred, rstd_t), sums
 
-    def _fold_band(self, x: Tensor, h: Tensor, sums: Tensor, start: int, stop: int) -> Tensor:
-        """Rows [start, stop) of ``fold(b) - count * x``, (B, C, stop - start, W) channels-last; ``h`` (B, N, R)
-        the attention's output, ``sums`` each token's [sum T | sum T^2]."""
+    def _fold_band(self, x: Tensor, h: Tensor, sums: Tensor, start: int, stop: int | None) -> Tensor:
+        """Rows [start, stop) (``stop`` None: the whole map) of ``fold(b) - count * x``, (B, C, stop - start, W)
+        channels-last; ``h`` (B, N, R) the attention's output, ``sums`` each token's [sum T | sum T^2]."""
         b, _, height, width = x.shape
         d, r = self.dim, self.reduced
-        # The fold of rows [start, stop) reads h and z one row beyond them; z's LN2 statistics, convolutions of x
-        # one row beyond those.
-        first, last = max(start - 1, 0), min(stop + 1, height)
-        part, rows = _rows_with_halo(x, first, last, 1)
-        tokens, hw = slice(first * width, last * width), (last - first, width)
-        h, sums = h[:, tokens], sums[:, tokens]
+        if stop is None:  # the whole map
+            first, part, rows, hw = 0, x, slice(None), (height, width)
+        else:
+            # The fold of rows [start, stop) reads h and z one row beyond them; z's LN2 statistics, convolutions of
+            # x one row beyond those.
+            first, last = max(start - 1, 0), min(stop + 1, height)
+            part, rows = _rows_with_halo(x, first, last, 1)
+            tokens, hw = slice(first * width, last * width), (last - first, width)
+            h, sums = h[:, tokens], sums[:, tokens]
         conv = self._tokens(F.conv2d(part, self.x_weight_proj, padding=1)[..., rows, :])  # (B, n, R + 1 + pad)
         lin = _pointwise(h, hw, self.h_weight_proj)  # (B, n, R + 2 + pad)
         mean_a = (sums[..., :1] + lin[..., r : r + 1] + self.proj_bias_sum) / d
@@ -477,31 +493,33 @@ class ComposedTransformer(nn.Module):
 
         out = F.conv_transpose2d(grid(h), self.fold_h, self.fold_bias_inside, padding=1)
         out += F.conv_transpose2d(grid(z), self.fold_z, padding=1)
-        return out[..., start - first : stop - first, :]
+        return out if stop is None else out[..., start - first : stop - first, :]
 
     def _add_fold_edges(self, out: Tensor, x: Tensor) -> Tensor:
         """``out`` holds the fold's bias and ``count * x`` as at a pixel covered by all nine 3x3 windows; fix the
         border rows and columns, covered by fewer. The fold of ones is constant inside, so only its edges (read off
-        a fold of at most 3 x 3 ones) are added here, not a whole map of it."""
+        a fold of at most 3 x 3 ones) are added here, not a whole map of it. The windows covering a pixel are
+        counted from the sizes alone (no tensor decides a branch: the graph also exports to ONNX)."""
         height, width = x.shape[-2:]
         probe = x.new_ones(1, 1, min(height, 3), min(width, 3))
         bias = F.conv_transpose2d(probe, self.fold_bias, padding=1)[0] - self.fold_bias_inside.view(-1, 1, 1)
-        count = F.conv_transpose2d(probe, self.box, padding=1)[0, 0] - 9
-        for row, rows in _fold_positions(height):
-            for col, cols in _fold_positions(width):
-                if count[row, col] == 0:  # inside: nothing to fix
+        for row, rows, row_windows in _fold_positions(height):
+            for col, cols, col_windows in _fold_positions(width):
+                missing = row_windows * col_windows - 9
+                if missing == 0:  # inside: nothing to fix
                     continue
                 region = out[..., rows, cols]
-                region.add_(x[..., rows, cols], alpha=float(count[row, col])).add_(bias[:, row, col, None, None])
+                region.add_(x[..., rows, cols], alpha=missing).add_(bias[:, row, col, None, None])
         return out
 
 
-def _fold_positions(size: int) -> list[tuple[int, slice]]:
+def _fold_positions(size: int) -> list[tuple[int, slice, int]]:
     """Positions along one side of a 3x3 fold of ``size`` pixels, grouped by how many windows cover them: (index
-    into a fold of ``min(size, 3)`` ones, the positions it stands for)."""
+    into a fold of ``min(size, 3)`` ones, the positions it stands for, how many of the side's 3-wide windows
+    cover them)."""
     if size <= 3:
-        return [(i, slice(i, i + 1)) for i in range(size)]
-    return [(0, slice(0, 1)), (1, slice(1, size - 1)), (2, slice(size - 1, size))]
+        return [(i, slice(i, i + 1), 1 + (i > 0) + (i < size - 1)) for i in range(size)]
+    return [(0, slice(0, 1), 2), (1, slice(1, size - 1), 3), (2, slice(size - 1, size), 2)]
 
 
 ROW_DOT_CHUNK = 4096  # tokens per step of _row_dot: its product stays a few MB instead of a (B, N, R) tensor
@@ -509,6 +527,8 @@ ROW_DOT_CHUNK = 4096  # tokens per step of _row_dot: its product stays a few MB 
 
 def _row_dot(a: Tensor, b: Tensor) -> Tensor:
     """Per-token dot products of two (B, N, K) tensors -> (B, N, 1), a chunk of tokens at a time."""
+    if tracing():  # a traced loop keeps the traced size's trip count: one step (see linear_attention)
+        return (a * b).sum(-1, keepdim=True)
     out = a.new_empty(*a.shape[:-1], 1, dtype=torch.promote_types(a.dtype, b.dtype))  # as (a * b).sum would
     for start in range(0, a.shape[1], ROW_DOT_CHUNK):
         rows = slice(start, start + ROW_DOT_CHUNK)
@@ -776,5 +796,5 @@ def inference_graph(net: nn.Module) -> nn.Module:
     state = _parameter_state(net)
     cached = _GRAPHS.get(net)
     if cached is None or cached[0] != state:
-        cached = _GRAPHS[net] = (state, ESRTInferenceGraph(net))
+        cached = _GRAPHS[net] = (state, ESRTInferenceGraph(net).eval())
     return cached[1]
