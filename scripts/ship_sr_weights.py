@@ -60,7 +60,10 @@ RUN_NOTES = {
     "ran with two threads and no other training, beside the test suite for its first ~16 minutes, from stage 2's "
     "shipped weights (--force_yml path:pretrain_network_g=weights/nalasr-light-x2.safetensors: stage 2 had trained in "
     "another checkout); stage 4 (LR patch 48 px, batch 4) ran with one thread from stage 3's run in this checkout, "
-    "beside the x4 pair's stage-6 ESRT run, stopped (SIGSTOP) for about 6 minutes of benchmarks",
+    "beside the x4 pair's stage-6 ESRT run, stopped (SIGSTOP) for about 6 minutes of benchmarks; stage 5 (stage 4's "
+    "recipe, 3,000 iterations) ran with one thread from stage 4's run in this checkout, beside the x4 pair's stage-7 "
+    "ESRT run for its second half and beside builds, tests and benchmarks of issue 39 throughout, stopped (SIGSTOP) "
+    "for a few minutes of timings",
 }
 # Each shipped weight's training stages, in order: a later stage starts from the one before (its
 # ``pretrain_network_g``); the last one is exported.
@@ -86,6 +89,7 @@ RUNS = {
         "options/train/NaLaSR/train_NaLaSR_light_x2_photos_ft.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage3.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage4.yml",
+        "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage5.yml",
     ],
 }
 # What each data set of the options (their datasets' ``name``) is, for the cards.

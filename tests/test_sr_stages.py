@@ -186,8 +186,26 @@ def test_x2_stage4_is_the_x4_stage6_patch_and_rate_at_x2_after_stage3():
     ]  # halved at the same fractions of a shorter stage
     assert train["total_iter"] == x2["val"]["val_freq"]
     ship = ship_script()
-    assert ship.RUNS["nalasr-light-x2"][-1] == "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage4.yml"
+    assert ship.RUNS["nalasr-light-x2"][-2] == "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage4.yml"
     runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
     assert runs.index("NaLaSR/train_NaLaSR_light_x2_photos_stage4") > runs.index(
         "NaLaSR/train_NaLaSR_light_x2_photos_stage3"
+    )
+
+
+def test_x2_stage5_is_stage4_twice_as_long_from_its_end():
+    before, after = stage_options("NaLaSR/train_NaLaSR_light", "x2_photos_stage4", "x2_photos_stage5")
+    assert after["path"]["pretrain_network_g"] == f"experiments/{before['name']}/models/net_g_latest.pth"
+    assert after["datasets"] == before["datasets"] and after["network_g"] == before["network_g"]
+    train, train_before = after["train"], before["train"]
+    assert train["total_iter"] == 2 * train_before["total_iter"] == after["val"]["val_freq"]
+    assert train["optim_g"] == train_before["optim_g"]
+    assert [m / train["total_iter"] for m in train["scheduler"]["milestones"]] == [
+        m / train_before["total_iter"] for m in train_before["scheduler"]["milestones"]
+    ]  # halved at the same fractions
+    ship = ship_script()
+    assert ship.RUNS["nalasr-light-x2"][-1] == "options/train/NaLaSR/train_NaLaSR_light_x2_photos_stage5.yml"
+    runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
+    assert runs.index("NaLaSR/train_NaLaSR_light_x2_photos_stage5") > runs.index(
+        "NaLaSR/train_NaLaSR_light_x2_photos_stage4"
     )
