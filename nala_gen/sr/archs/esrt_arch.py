@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nala_gen.attention import report_queries_keys
+from nala_gen.attention.fused import tracing
 
 from .hub import HubMixin
 
@@ -326,7 +327,7 @@ class ESRTLayout(nn.Module):
         if self.training or not self.fast_inference:
             return False
         # The graph is Python over eager ops and the fused C++ NaLa op: graph capture sees the layers instead.
-        if torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing():
+        if tracing():
             return False
         # Its weights are folded copies: where autograd would record the pass, run the layers that own the weights.
         return not torch.is_grad_enabled() or not (x.requires_grad or any(p.requires_grad for p in self.parameters()))

@@ -417,14 +417,15 @@ class ComposedTransformer(nn.Module):
         bands = _row_bands(height, b * width * (self.x_weight_proj.shape[0] + self.h_weight_proj.shape[0]) * 4)
         square_sum = x.square().sum(1, keepdim=True)  # (B, 1, H, W): per pixel, for sum T^2
         # the attention's input (B, N, R), and each token's [sum T | sum T^2] (B, N, 2), kept for LN2
-        reduced, sums = self._attention_input(x, square_sum, *bands[0])
-        if len(bands) > 1:
-            band, band_sums = reduced, sums
-            reduced = band.new_empty(b, height * width, band.shape[-1])
-            sums = band_sums.new_empty(b, height * width, 2)
-            for i, (start, stop) in enumerate(bands):
-                if i:
-                    band, band_sums = self._attention_input(x, square_sum, start, stop)
+        if len(bands) == 1:
+            reduced, sums = self._attention_input(x, square_sum, 0, None)
+        else:
+            reduced = sums = None
+            for start, stop in bands:
+                band, band_sums = self._attention_input(x, square_sum, start, stop)
+                if reduced is None:
+                    reduced = band.new_empty(b, height * width, band.shape[-1])
+                    sums = band_sums.new_empty(b, height * width, 2)
                 tokens = slice(start * width, stop * width)
                 reduced[:, tokens], sums[:, tokens] = band, band_sums
                 del band, band_sums
