@@ -167,6 +167,33 @@ def test_transformer_bands_compute_the_whole_maps_function(monkeypatch, rows_per
     assert (plain - graph).abs().max().item() <= TOL
 
 
+@pytest.mark.parametrize("autocast", [False, True])
+def test_banded_transformer_projects_convolutions_of_x_not_a_held_attention_input(monkeypatch, autocast):
+    # In bands (large maps) the NaLa block's q/k/v and gate are convolutions of x with the reduction composed in:
+    # the mix is handed ConvolvedTokens, never a (B, N, R) map, and computes what the whole-map graph computes
+    # (under bf16 autocast too, within bf16's rounding of the same network).
+    net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=12)
+    x = torch.rand(1, 3, 18, 15, generator=torch.Generator().manual_seed(7))
+    transformer = inference_graph(net).body.transformer[0]
+    seen = []
+    forward = graph_module.HeadGroupedMix.forward
+    monkeypatch.setattr(
+        graph_module.HeadGroupedMix, "forward", lambda mix, t, hw: seen.append(t) or forward(mix, t, hw)
+    )
+    with torch.inference_mode():
+        reference = net.forward_layers(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            whole = inference_graph(net)(x).float()
+            row_bytes = 15 * (transformer.x_weight_proj.shape[0] + transformer.h_weight_proj.shape[0]) * 4
+            monkeypatch.setattr(graph_module, "TRANSFORMER_BAND_BYTES", row_bytes * 4)
+            banded = inference_graph(net)(x).float()
+    assert isinstance(seen[0], torch.Tensor) and isinstance(seen[1], graph_module.ConvolvedTokens)
+    if autocast:  # bf16's own rounding, no more than the whole-map graph's
+        assert (banded - reference).abs().max().item() <= 2 * (whole - reference).abs().max().item()
+    else:
+        assert (banded - whole).abs().max().item() <= TOL and (banded - reference).abs().max().item() <= TOL
+
+
 def test_negative_and_zero_residual_scales_are_not_folded_through_relu():
     net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=7)
     with torch.no_grad():

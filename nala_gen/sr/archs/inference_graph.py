@@ -227,6 +227,59 @@ def _pointwise(t: Tensor, hw: tuple[int, int], weight: Tensor, bias: Tensor | No
     return F.conv2d(tokens_to_map(t, hw), weight, bias).permute(0, 2, 3, 1).reshape(b, n, -1)
 
 
+class ConvolvedTokens:
+    """The attention's input of :class:`ComposedTransformer` at large maps, ``reduce(LN1(T))`` (B, N, R), never
+    made whole: it is only ever projected (q/k/v and the gate, a head group or a band at a time), and a projection
+    ``W`` of it is a 3x3 convolution of x with W composed into the reduction, shifted and scaled by each token's
+    LN1 statistics: ``W reduce(LN1(T)) = rstd_T * (conv_{W w_r}(x) - mean_T * W w_r 1) + W beta_r``.
+    Why: at 4 MP out the (B, N, R) map is 144 MB held through the whole attention, the largest thing in the pass;
+    composed, each projection reads the C-wide x instead of the R-wide map, for about a third more multiply-adds in
+    these convolutions.
+
+    Args:
+        x: (B, C, H, W) the transformer's input; weight: (R, C, 3, 3) the reduction after LN1's scale;
+        reduce_sum, reduce_bias: (R,) its row sums and LN1's shift through it; sums: (B, N, 2) each token's
+        [sum T | sum T^2]; dim: D, the unfolded token's width; eps: LN1's.
+    """
+
+    def __init__(
+        self, x: Tensor, weight: Tensor, reduce_sum: Tensor, reduce_bias: Tensor, sums: Tensor, dim: int, eps: float
+    ) -> None:
+        self.x, self.weight, self.reduce_sum, self.reduce_bias = x, weight, reduce_sum, reduce_bias
+        self.mean = sums[..., :1] / dim  # (B, N, 1)
+        self.rstd = torch.rsqrt(sums[..., 1:] / dim - self.mean.square() + eps)
+        b, _, height, width = x.shape
+        self.hw = (height, width)
+        self.shape = torch.Size((b, height * width, weight.shape[0]))
+        self.dtype = torch.promote_types(x.dtype, reduce_bias.dtype)  # as the materialised map's
+        self.device = x.device
+
+    def element_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    def project(self, weight: Tensor, bias: Tensor | None = None, start: int = 0, stop: int | None = None) -> Tensor:
+        """``weight`` (K, R, 1, 1) applied to the tokens of rows [start, stop) (``stop`` None: all) -> (B, n, K)."""
+        w = weight.flatten(1).to(self.weight.dtype)  # (K, R)
+        composed = (w @ self.weight.flatten(1)).view(-1, *self.weight.shape[1:])
+        offset = w @ self.reduce_bias if bias is None else torch.addmv(bias.to(w.dtype), w, self.reduce_bias)
+        part, rows = _rows_with_halo(self.x, start, stop, 1)
+        out = ComposedTransformer._tokens(F.conv2d(part, composed, padding=1)[..., rows, :])
+        tokens = slice(start * self.hw[1], None if stop is None else stop * self.hw[1])
+        return out.addcmul_(self.mean[:, tokens], w @ self.reduce_sum, value=-1).mul_(self.rstd[:, tokens]).add_(offset)
+
+
+def _project(
+    x: Tensor | ConvolvedTokens, hw: tuple[int, int], weight: Tensor, bias: Tensor | None = None, rows=(0, None)
+) -> Tensor:
+    """``weight`` (K, R, 1, 1) on the (B, N, R) tokens ``x`` of an H x W grid, rows [start, stop) -> (B, n, K)."""
+    start, stop = rows
+    if isinstance(x, ConvolvedTokens):
+        return x.project(weight, bias, start, stop)
+    if stop is None:
+        return _pointwise(x, hw, weight, bias)
+    return _pointwise(x[:, start * hw[1] : stop * hw[1]], (stop - start, hw[1]), weight, bias)
+
+
 class HeadGroupedMix(nn.Module):
     """The NaLa block's ``mix`` (:meth:`~nala_gen.attention.NaLaAttention.mix`) a group of heads at a time.
 
@@ -271,12 +324,13 @@ class HeadGroupedMix(nn.Module):
         fitting = (g for g in range(1, heads + 1) if heads % g == 0 and per_head * (heads // g) <= QKV_GROUP_BYTES)
         return next(fitting, heads)
 
-    def forward(self, x: Tensor, hw: tuple[int, int]) -> Tensor:
-        """x: (B, N, C) tokens of an H x W grid -> (B, N, C), the block's output before its projection."""
+    def forward(self, x: Tensor | ConvolvedTokens, hw: tuple[int, int]) -> Tensor:
+        """x: (B, N, C) tokens of an H x W grid (or the :class:`ConvolvedTokens` they would be) -> (B, N, C), the
+        block's output before its projection."""
         block = self.block
         rope = block._rope(hw, x.device)
         scale = None if block.log_norm_scale is None else block.log_norm_scale.exp().view(-1, 1, 1)
-        out = torch.empty_like(x)
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         groups = 1 if tracing() else self.groups(x.shape[0] * x.shape[1], x.element_size())
         for g in range(groups):
             self._attend(x, block.num_heads // groups, g, out, hw, rope, scale)
@@ -285,27 +339,34 @@ class HeadGroupedMix(nn.Module):
         bands = _row_bands(hw[0], x.shape[0] * hw[1] * 2 * x.shape[-1] * x.element_size())
         if len(bands) == 1 or out.dtype != block.out_norm.weight.dtype:  # (under autocast the norm's is float32)
             out = block.out_norm(out)  # before the gate's projection: the unnormalised output is gone by then
-            return out.mul_(F.silu(_pointwise(x, hw, self.gate_weight, self.gate_bias), inplace=True))
+            return out.mul_(F.silu(_project(x, hw, self.gate_weight, self.gate_bias), inplace=True))
         # Large maps: the norm and gate a band of rows at a time, in place, so that no second and third (B, N, C)
         # map is held beside x and out (the attention's output is each token's own from here on).
         for start, stop in bands:
             tokens = slice(start * hw[1], stop * hw[1])
-            gate = _pointwise(x[:, tokens], (stop - start, hw[1]), self.gate_weight, self.gate_bias)
+            gate = _project(x, hw, self.gate_weight, self.gate_bias, (start, stop))
             out[:, tokens] = block.out_norm(out[:, tokens]).mul_(F.silu(gate, inplace=True))
         return out
 
     def _attend(
-        self, x: Tensor, per_group: int, g: int, out: Tensor, hw: tuple[int, int], rope, scale: Tensor | None
+        self,
+        x: Tensor | ConvolvedTokens,
+        per_group: int,
+        g: int,
+        out: Tensor,
+        hw: tuple[int, int],
+        rope,
+        scale: Tensor | None,
     ) -> None:
         """Group ``g`` (of ``per_group`` heads)'s attention and LePE into its channels of ``out``; its
         temporaries die on return."""
         block, (b, n, _), d = self.block, x.shape, self.head_dim
         width = per_group * d
         rows = slice(2 * width * g, 2 * width * (g + 1))
-        qk = _pointwise(x, hw, self.qk_weight[rows], self.qk_bias[rows])  # (B, N, per_group * 2 * d)
+        qk = _project(x, hw, self.qk_weight[rows], self.qk_bias[rows])  # (B, N, per_group * 2 * d)
         q, k = qk.unflatten(-1, (per_group, 2, d)).permute(3, 0, 2, 1, 4)  # each (B, h_g, N, d)
         picked = slice(width * g, width * (g + 1))
-        v_tokens = _pointwise(x, hw, self.v_weight[picked], self.v_bias[picked])  # (B, N, width)
+        v_tokens = _project(x, hw, self.v_weight[picked], self.v_bias[picked])  # (B, N, width)
         v = v_tokens.view(b, n, per_group, d).transpose(1, 2)
         options = block.kernel_options
         if scale is not None:
@@ -411,7 +472,8 @@ class ComposedTransformer(nn.Module):
         Around the attention, which is global, every step is local (3x3 convolutions of x, per-token products with
         h, a 3x3 fold): each runs a band of rows at a time (one band up to ``TRANSFORMER_BAND_BYTES``), reading its
         neighbours' rows of x, h and z as halos, so that only x, the attention's input and output and per-token
-        scalars are held whole."""
+        scalars are held whole; at those sizes the NaLa block's input is not held either: its projections are
+        convolutions of x (:class:`ConvolvedTokens`)."""
         b, _, height, width = x.shape
         # a band's widest temporaries per row: a convolution of x and a Linear on h, each R + 1 or 2 (+ pad) wide
         bands = _row_bands(height, b * width * (self.x_weight_proj.shape[0] + self.h_weight_proj.shape[0]) * 4)
@@ -419,6 +481,13 @@ class ComposedTransformer(nn.Module):
         # the attention's input (B, N, R), and each token's [sum T | sum T^2] (B, N, 2), kept for LN2
         if len(bands) == 1:
             reduced, sums = self._attention_input(x, square_sum, 0, None)
+        elif isinstance(self.mix, HeadGroupedMix):  # large maps: the NaLa block projects convolutions of x instead
+            stats = torch.cat([x.sum(1, keepdim=True), square_sum], 1)  # per pixel, box-summed over the token
+            sums = self._tokens(F.conv2d(stats, self.box.expand(2, -1, -1, -1), padding=1, groups=2))
+            r = self.reduced
+            reduced = ConvolvedTokens(
+                x, self.x_weight_in[:r], self.reduce_sum, self.reduce_bias, sums, self.dim, self.eps1
+            )
         else:
             reduced = sums = None
             for start, stop in bands:
