@@ -77,10 +77,13 @@ struct Kernels {
   void (*rotate_tile)(int, int, const float*, const float*, const float*, int, float*);
   void (*unrotate_tile)(int, int, const float*, const float*, const float*, int, float*);
   void (*gemm_nn)(const float*, int, int, const float*, int, float*);
-  void (*gemm_tn_acc)(const float*, int, int, const float*, int, float*);
+  void (*gemm_tn_acc)(const float*, int, int, const float*, int64_t, int, float*);
   float (*dot)(const float*, const float*, int);
   float (*max_abs)(const float*, int);
+  void (*add_rows)(const float*, int, int, float*);
   void (*axpy)(float, const float*, float*, int);
+  void (*finish_tile)(const float*, int, const float*, float, float, const float*, int, int, int, float*, int64_t,
+                      const float*, int64_t, float*);
   float (*map_tile_backward)(const MapSpec&, bool, float, const Tile&, const float*, int, float*, int64_t, float*);
   int soa_fb, soa_jb;  // the SoA path's register blocks: features are padded to soa_fb rows, values to soa_jb
   void (*soa_key_tile)(const MapSpec&, int, int, int, int, const float*, int64_t, const float*, int64_t, int,
@@ -91,7 +94,7 @@ struct Kernels {
 };
 
 #define NALA_KERNELS(ns) \
-  Kernels { #ns, ns::W, ns::map_tile, ns::rotate_tile, ns::unrotate_tile, ns::gemm_nn, ns::gemm_tn_acc, ns::dot, ns::max_abs, ns::axpy, \
+  Kernels { #ns, ns::W, ns::map_tile, ns::rotate_tile, ns::unrotate_tile, ns::gemm_nn, ns::gemm_tn_acc, ns::dot, ns::max_abs, ns::add_rows, ns::axpy, ns::finish_tile, \
       ns::map_tile_backward, ns::kSoaFB, ns::kSoaJB, ns::soa_key_tile, ns::soa_query_tile }
 
 static int round_up(int n, int multiple) { return (n + multiple - 1) / multiple * multiple; }
@@ -307,9 +310,11 @@ static std::pair<at::Tensor, at::Tensor> key_pass(const Kernels& K, const Proble
       const int n = (int)std::min<int64_t>(kTile, P.Nk - t0), rows = round4(n);
       const float* rot = map_and_rotate(K, P, false, 1.0f, kr.at(bh, t0), kr.stride_n, t0, n, rows, s, false);
       *key_max = std::max(*key_max, K.max_abs(s.tile.x, n * Dp));  // tile.x: the tile's keys, zero-padded
-      for (int t = 0; t < n; ++t) K.axpy(1.0f, s.tile.phi + t * F, z, F);
-      load_rows(vr.at(bh, t0), vr.stride_n, n, P.dv, DVp, rows, s.values);
-      K.gemm_tn_acc(rot, rows, F, s.values, DVp, kv);
+      K.add_rows(s.tile.phi, n, F, z);
+      // A whole tile of unpadded values is read where it lies; a short or padded one is copied into zeroed rows.
+      const bool in_place = n == rows && P.dv == DVp;
+      if (!in_place) load_rows(vr.at(bh, t0), vr.stride_n, n, P.dv, DVp, rows, s.values);
+      K.gemm_tn_acc(rot, rows, F, in_place ? vr.at(bh, t0) : s.values, in_place ? vr.stride_n : DVp, DVp, kv);
     }
   });
   const at::Tensor per_group = partial.view({P.BH, groups, state + 1});
@@ -344,19 +349,8 @@ static void query_pass(const Kernels& K, const Problem& P, const at::Tensor& q, 
       const float gamma_h = P.gamma[bh % P.heads];
       const float* rot = map_and_rotate(K, P, true, gamma_h, qr.at(bh, t0), qr.stride_n, t0, n, rows, s, false);
       K.gemm_nn(rot, rows, F, kv, DVp, s.outs);
-      for (int t = 0; t < n; ++t) {
-        const float denominator = std::max(K.dot(s.tile.phi + t * F, z, F) + P.eps_total, kTiny);
-        if (den_p) den_p[bh * P.Nq + t0 + t] = denominator;
-        float* o = outr.mut(bh, t0 + t);
-        const float* row = s.outs + t * DVp;
-        const float inv = 1.0f / denominator;
-        if (add) {
-          const float* a = addr.at(bh, t0 + t);
-          for (int j = 0; j < P.dv; ++j) o[j] = row[j] * inv + a[j];
-        } else {
-          for (int j = 0; j < P.dv; ++j) o[j] = row[j] * inv;
-        }
-      }
+      K.finish_tile(s.tile.phi, F, z, P.eps_total, kTiny, s.outs, DVp, n, P.dv, outr.mut(bh, t0), outr.stride_n,
+                    add ? addr.at(bh, t0) : nullptr, addr.stride_n, den_p ? den_p + bh * P.Nq + t0 : nullptr);
     }
   });
 }
@@ -556,7 +550,7 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_in, const at::Tensor& q_
         s.den[t] = denominator > kTiny ? -go * inv : 0.0f;
         for (int j = 0; j < DVp; ++j) gt[j] *= inv;  // d numerator
       }
-      K.gemm_tn_acc(rot, rows, F, s.grads, DVp, gkv);
+      K.gemm_tn_acc(rot, rows, F, s.grads, DVp, DVp, gkv);
       for (int t = 0; t < n; ++t) K.axpy(s.den[t], s.tile.phi + t * F, gz, F);
       K.gemm_nn(s.grads, rows, DVp, kv_t_p + bh * (int64_t)DVp * F, F, s.grad_rot);
       if (P.rope) {
