@@ -363,10 +363,15 @@ class HeadGroupedMix(nn.Module):
         block, (b, n, _), d = self.block, x.shape, self.head_dim
         width = per_group * d
         rows = slice(2 * width * g, 2 * width * (g + 1))
-        qk = _project(x, hw, self.qk_weight[rows], self.qk_bias[rows])  # (B, N, per_group * 2 * d)
-        q, k = qk.unflatten(-1, (per_group, 2, d)).permute(3, 0, 2, 1, 4)  # each (B, h_g, N, d)
         picked = slice(width * g, width * (g + 1))
-        v_tokens = _project(x, hw, self.v_weight[picked], self.v_bias[picked])  # (B, N, width)
+        if isinstance(x, ConvolvedTokens):  # one convolution of x for q, k and v: wider, so faster than two
+            weight = torch.cat([self.qk_weight[rows], self.v_weight[picked]])
+            qkv = x.project(weight, torch.cat([self.qk_bias[rows], self.v_bias[picked]]))
+            qk, v_tokens = qkv[..., : 2 * width], qkv[..., 2 * width :]
+        else:
+            qk = _pointwise(x, hw, self.qk_weight[rows], self.qk_bias[rows])  # (B, N, per_group * 2 * d)
+            v_tokens = _pointwise(x, hw, self.v_weight[picked], self.v_bias[picked])  # (B, N, width)
+        q, k = qk.unflatten(-1, (per_group, 2, d)).permute(3, 0, 2, 1, 4)  # each (B, h_g, N, d)
         v = v_tokens.view(b, n, per_group, d).transpose(1, 2)
         options = block.kernel_options
         if scale is not None:
