@@ -49,11 +49,19 @@ STAGE_6 = (
     "from 3,000 to 2,500, stopped (SIGSTOP) for a few minutes of benchmarks and beside builds and tests of the "
     "fused op for about 30 minutes"
 )
+STAGE_7 = (
+    "; stage 7 (stage 6's recipe) ran beside the other x4 network's stage 7, one thread each, from stage 6's run in "
+    "this checkout, restarted from its checkpoints when the machine restarted (ESRT at 1,750 iterations, NaLaSR at "
+    "750) and once more for NaLaSR (at 750: its fused-op library was rewritten under it by a profiling build, which "
+    "ended the process); ESRT's process ended the same way in its end-of-run validation, after its iteration-2,500 "
+    "save, which is what ships (the end-of-run save would hold the same weights); stopped (SIGSTOP) for about 15 "
+    "minutes of timings and beside builds and tests of issue 39 throughout"
+)
 RUN_NOTES = {
     "nalasr-light-x4": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
-    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6,
+    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7,
     "esrt-x4": "stage 1 ran beside the nalasr-light-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
-    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6,
+    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7,
     "nalasr-light-x2": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + "; stage 2 ran with two threads "
     "(OMP_NUM_THREADS=2) and no other training, beside short tests and micro-benchmarks in its first 10 minutes, "
     "from stage 1's weights (restored from the card's safetensors: stage 1 had trained in another checkout); stage 3 "
@@ -75,6 +83,7 @@ RUNS = {
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage4.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage5.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage6.yml",
+        "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage7.yml",
     ],
     "esrt-x4": [
         "options/train/ESRT/train_ESRT_x4_mini.yml",
@@ -83,6 +92,7 @@ RUNS = {
         "options/train/ESRT/train_ESRT_x4_photos_stage4.yml",
         "options/train/ESRT/train_ESRT_x4_photos_stage5.yml",
         "options/train/ESRT/train_ESRT_x4_photos_stage6.yml",
+        "options/train/ESRT/train_ESRT_x4_photos_stage7.yml",
     ],
     "nalasr-light-x2": [
         "options/train/NaLaSR/train_NaLaSR_light_x2_mini.yml",

@@ -58,6 +58,22 @@ def stage_options(stem: str, *stages: str) -> list[dict]:
     return [yaml.safe_load((REPO / "options" / "train" / f"{stem}_{s}.yml").read_text()) for s in stages]
 
 
+def assert_chained(weights: str, stem: str, before: str, after: str) -> tuple[dict, dict]:
+    """Stage ``after`` of ``weights`` starts from stage ``before``'s run (its EMA) and follows it in the ship chain
+    and in ``make weights-sr``; its header says how to start it in another checkout. Returns both stages' options."""
+    first, second = stage_options(stem, before, after)
+    assert second["path"]["pretrain_network_g"] == f"experiments/{first['name']}/models/net_g_latest.pth"
+    assert second["path"]["param_key_g"] == "params_ema"
+    header = (REPO / "options" / "train" / f"{stem}_{after}.yml").read_text()
+    assert f"--force_yml path:pretrain_network_g=weights/{weights}.safetensors" in header
+    assert f"-opt options/train/{stem}_{after}.yml --auto_resume" in header
+    chain = ship_script().RUNS[weights]
+    assert chain[chain.index(f"options/train/{stem}_{before}.yml") + 1] == f"options/train/{stem}_{after}.yml"
+    runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
+    assert runs.index(f"{stem}_{after}") > runs.index(f"{stem}_{before}")
+    return first, second
+
+
 STAGE4 = {
     "nalasr-light-x4": ("NaLaSR/train_NaLaSR_light_x4", "NaLaSR_light_x4"),
     "esrt-x4": ("ESRT/train_ESRT_x4", "ESRT_x4"),
@@ -91,7 +107,7 @@ def test_stage4_starts_from_stage3_and_follows_it_in_the_rebuild(weights):
     assert runs.index(f"{stem}_photos_stage4") > runs.index(f"{stem}_photos_ft")
 
 
-@pytest.mark.parametrize("stage", ["stage4", "stage5", "stage6"])
+@pytest.mark.parametrize("stage", ["stage4", "stage5", "stage6", "stage7"])
 def test_the_pairs_stage_options_differ_only_in_the_network_and_run(stage):
     (nalasr,), (esrt,) = (stage_options(stem, f"photos_{stage}") for stem, _ in STAGE4.values())
     starts = [opt["path"].pop("pretrain_network_g") for opt in (nalasr, esrt)]
@@ -124,32 +140,17 @@ def test_x2_stage3_is_the_x4_stage4_schedule_at_x2_after_its_photo_stage():
 
 @pytest.mark.parametrize("weights", list(STAGE4))
 def test_stage5_starts_from_stage4s_run_with_its_command_for_another_checkout(weights):
-    stem, name = STAGE4[weights]
-    stage4, stage5 = stage_options(stem, "photos_stage4", "photos_stage5")
-    assert stage5["path"]["pretrain_network_g"] == f"experiments/{stage4['name']}/models/net_g_latest.pth"
-    assert stage5["path"]["param_key_g"] == "params_ema"
+    stage4, stage5 = assert_chained(weights, STAGE4[weights][0], "photos_stage4", "photos_stage5")
     assert stage5["datasets"] == stage4["datasets"]  # same data and held-out split: only the schedule differs
     assert stage5["network_g"] == stage4["network_g"]
     train = stage5["train"]
     milestones = train["scheduler"]["milestones"]
     assert milestones == sorted(milestones) and milestones[-1] < train["total_iter"] == stage5["val"]["val_freq"]
-    header = (REPO / "options" / "train" / f"{stem}_photos_stage5.yml").read_text()
-    assert f"--force_yml path:pretrain_network_g=weights/{weights}.safetensors" in header
-    assert f"-opt options/train/{stem}_photos_stage5.yml --auto_resume" in header
-    ship = ship_script()
-    stage4_file, stage5_file = (f"options/train/{stem}_{s}.yml" for s in ("photos_stage4", "photos_stage5"))
-    chain = ship.RUNS[weights]
-    assert chain[chain.index(stage4_file) + 1] == stage5_file
-    runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
-    assert runs.index(f"{stem}_photos_stage5") > runs.index(f"{stem}_photos_stage4")
 
 
 @pytest.mark.parametrize("weights", list(STAGE4))
 def test_stage6_is_stage5s_data_at_the_papers_patch_from_stage5s_run(weights):
-    stem, _ = STAGE4[weights]
-    stage5, stage6 = stage_options(stem, "photos_stage5", "photos_stage6")
-    assert stage6["path"]["pretrain_network_g"] == f"experiments/{stage5['name']}/models/net_g_latest.pth"
-    assert stage6["path"]["param_key_g"] == "params_ema"
+    stage5, stage6 = assert_chained(weights, STAGE4[weights][0], "photos_stage5", "photos_stage6")
     before, after = stage5["datasets"]["train"], stage6["datasets"]["train"]
     # LR patch 48 px (ESRT's paper) at half the batch: about the same LR pixels per step as stage 5's 32 px x 8.
     assert (after.pop("gt_size") // 4, after.pop("batch_size_per_gpu")) == (48, 4)
@@ -159,13 +160,15 @@ def test_stage6_is_stage5s_data_at_the_papers_patch_from_stage5s_run(weights):
     train = stage6["train"]
     milestones = train["scheduler"]["milestones"]
     assert milestones == sorted(milestones) and milestones[-1] < train["total_iter"] == stage6["val"]["val_freq"]
-    header = (REPO / "options" / "train" / f"{stem}_photos_stage6.yml").read_text()
-    assert f"--force_yml path:pretrain_network_g=weights/{weights}.safetensors" in header
-    assert f"-opt options/train/{stem}_photos_stage6.yml --auto_resume" in header
-    ship = ship_script()
-    assert ship.RUNS[weights][-2:] == [f"options/train/{stem}_{s}.yml" for s in ("photos_stage5", "photos_stage6")]
-    runs = re.search(r"^SR_RUNS := (.*?)\n(?!\t)", (REPO / "Makefile").read_text(), re.S | re.M).group(1).split()
-    assert runs.index(f"{stem}_photos_stage6") > runs.index(f"{stem}_photos_stage5")
+
+
+@pytest.mark.parametrize("weights", list(STAGE4))
+def test_stage7_is_stage6s_recipe_from_stage6s_run_and_the_last_stage_shipped(weights):
+    stem = STAGE4[weights][0]
+    stage6, stage7 = assert_chained(weights, stem, "photos_stage6", "photos_stage7")
+    assert stage7["datasets"] == stage6["datasets"] and stage7["network_g"] == stage6["network_g"]
+    assert stage7["train"] == stage6["train"] and stage7["val"] == stage6["val"]  # the recipe unchanged
+    assert ship_script().RUNS[weights][-1] == f"options/train/{stem}_photos_stage7.yml"
 
 
 def test_x2_stage4_is_the_x4_stage6_patch_and_rate_at_x2_after_stage3():
