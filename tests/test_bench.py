@@ -430,6 +430,12 @@ def test_peer_board_keeps_the_rows_it_does_not_rerun_and_says_from_which_run():
     assert all(r["latency_s"] == 0.5 and r["run"] == "now" for r in rows if r["model"] == "nalasr")
     assert all(r["run"] == "earlier run" and r["latency_s"] == 1.0 for r in rows if r["model"] != "nalasr")
     assert costs["nalasr"] == {"params": 2} and costs["swinir"] == {"params": 1}
+    # one side rerun (--sides 250): the network's row at the other side is kept, not dropped
+    rows, _ = kept_rows(previous, new[1:], {"nalasr": {"params": 2}})
+    assert [(r["model"], r["lr_side"], r["run"]) for r in rows if r["model"] == "nalasr"] == [
+        ("nalasr", 125, "earlier run"),
+        ("nalasr", 250, "now"),
+    ]
 
 
 def test_peer_board_at_two_precisions_pairs_each_network_with_its_bf16_run(tmp_path):

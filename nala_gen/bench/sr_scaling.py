@@ -373,9 +373,10 @@ def plot_precisions(rows: list[dict], path: Path) -> None:
 
 
 def kept_rows(previous: dict, rows: list[dict], costs: dict) -> tuple[list[dict], dict]:
-    """The new rows with the previous board's rows of the networks not rerun (marked with their own run, or
-    "earlier run" for files from before runs were recorded), in board order; and the costs of all of them."""
-    kept = rows_not_rerun(previous.get("rows", []), rows, lambda r: r["model"])
+    """The new rows with the previous board's rows of the points not rerun (other networks, or the same network at
+    other sides; marked with their own run, or "earlier run" for files from before runs were recorded), in board
+    order; and the costs of all of them."""
+    kept = rows_not_rerun(previous.get("rows", []), rows, lambda r: (r["model"], r["lr_side"]))
     rerun = {r["model"] for r in rows}
     order = list(ARCHS)
     rank = {model: i for i, model in enumerate(order)}
@@ -462,8 +463,8 @@ def peers_main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep-others",
         action="store_true",
-        help="rerun only --models and keep the other networks' rows of the existing sr_peers.json (each row says "
-        "which run measured it)",
+        help="rerun only --models at --sides and keep every other row of the existing sr_peers.json (other networks, "
+        "other sides; each row says which run measured it)",
     )
     parser.add_argument(
         "--replot",
