@@ -255,7 +255,7 @@ class ConvolvedTokens:
         self.device = x.device
 
     def element_size(self) -> int:
-        return torch.empty((), dtype=self.dtype).element_size()
+        return self.dtype.itemsize
 
     def project(self, weight: Tensor, bias: Tensor | None = None, start: int = 0, stop: int | None = None) -> Tensor:
         """``weight`` (K, R, 1, 1) applied to the tokens of rows [start, stop) (``stop`` None: all) -> (B, n, K)."""
