@@ -738,6 +738,40 @@ def sr_profile_table(top: int = 5) -> str:
     return "\n".join(lines)
 
 
+def sr_profile_convolutions_table(top: int = 6) -> str:
+    """The same forward's convolutions by shape (wall time around each call), and what the first network's
+    convolutions would take at the last network's convolution rate."""
+    data = json.loads((RESULTS / "sr_profile.json").read_text())
+    lines = [
+        f"The same forwards' 2-D convolutions (plain and transposed) by shape, {cores(data['machine'])}: the {top} "
+        "shapes with the most time, then all convolutions together (wall time around each call, mean per forward).",
+        "",
+        "| network | convolution (in → out, kernel, groups) | calls | ms | GFLOP | GFLOP/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    totals = {}
+    for model, res in data["models"].items():
+        convs = res["convolutions"]
+        for i, c in enumerate(convs[:top]):
+            shape = f"{c['kind']} {c['in_channels']} → {c['out_channels']}, {c['kernel']}, g{c['groups']}"
+            lines.append(row(model if i == 0 else "", shape, c["calls"], f"{c['ms']:.1f}", f"{c['gflop']:.2f}",
+                             f"{c['gflops']:.0f}"))  # fmt: skip
+        ms, gflop = sum(c["ms"] for c in convs), sum(c["gflop"] for c in convs)
+        totals[model] = (ms, gflop, res["seconds"])
+        lines.append(row("", f"all {len(convs)} shapes", sum(c["calls"] for c in convs), f"{ms:.1f}", f"{gflop:.2f}",
+                         f"{gflop / ms * 1e3:.0f}"))  # fmt: skip
+    if len(totals) >= 2:
+        (first, (_, gflop, _)), (last, (ms, last_gflop, seconds)) = list(totals.items())[0], list(totals.items())[-1]
+        at_rate = gflop / (last_gflop / ms * 1e3)
+        lines += [
+            "",
+            f"At {last}'s convolution rate ({last_gflop / ms * 1e3:.0f} GFLOP/s) {first}'s convolutions alone would "
+            f"take {at_rate:.3f} s: {seconds / at_rate:.2f}× {last}'s whole forward ({seconds:.3f} s), with "
+            "everything else at no cost.",
+        ]
+    return "\n".join(lines)
+
+
 def entropy_random_table(norms: tuple[float, ...] = (0.25, 1.0, 2.0, 4.0, 8.0)) -> str:
     """Entropy of one fixed query direction at growing norms, against fixed random keys, per kernel."""
     data = json.loads((RESULTS / "entropy_vs_query_norm.json").read_text())
@@ -910,6 +944,7 @@ TABLES = (
     Table("sr-peers-precision", ("sr_peers_precision.json",), sr_peers_precision_table),
     Table("sr-peer-quality", ("sr_ablation.json",), sr_peer_quality_table),
     Table("sr-profile", ("sr_profile.json",), sr_profile_table),
+    Table("sr-profile-convolutions", ("sr_profile.json",), sr_profile_convolutions_table),
     Table("entropy-random", ("entropy_vs_query_norm.json",), entropy_random_table),
     Table("trained-entropy", ("trained_entropy.json",), trained_entropy_table),
     Table("sr-ablation", ("sr_ablation.json",), sr_ablation_table),

@@ -308,6 +308,35 @@ def test_peers_profile_names_the_operators_and_layers_that_take_the_time(tmp_pat
     # the layers of the network as the board runs it: its inference graph (nala_gen.sr.archs.inference_graph)
     assert layers["body"]["type"] == "FoldedBody" and layers["body.hpbs.0"]["type"] == "FoldedHPB"
     assert layers["body.transformer"]["ms"] < layers["body"]["ms"]  # a layer's time includes its children's
+    # the graph's convolutions by shape, its transposed fold among them
+    kinds = {(r["kind"], r["in_channels"], r["out_channels"]) for r in result["convolutions"]}
+    assert ("transposed", 144, 32) in kinds and ("conv", 32, 32) in kinds
+
+
+def test_profile_times_each_convolution_shape_with_its_flops():
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from nala_gen.bench.sr_profile import _convolution_times
+
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.Conv2d(8, 8, 3, padding=1, groups=4),
+        torch.nn.Conv2d(8, 8, 3, padding=1, groups=4),
+        torch.nn.ConvTranspose2d(8, 6, 3, padding=1, groups=2),
+    )
+    x = torch.rand(2, 3, 10, 12)
+    with torch.inference_mode():
+        rows = _convolution_times(net, x, repeats=2)
+        with FlopCounterMode(display=False) as counter:
+            net(x)
+    shapes = {(r["kind"], r["in_channels"], r["out_channels"], r["kernel"], r["groups"]): r for r in rows}
+    assert set(shapes) == {("conv", 3, 8, "3x3", 1), ("conv", 8, 8, "3x3", 4), ("transposed", 8, 6, "3x3", 2)}
+    assert shapes["conv", 8, 8, "3x3", 4]["calls"] == 2  # two layers of one shape, per forward
+    assert shapes["conv", 3, 8, "3x3", 1]["gflop"] * 1e9 == 2 * 2 * 8 * 120 * 27  # 2 FLOP x out elements x taps
+    # every shape's FLOPs per forward as torch's own counter has them (grouped and transposed ones included)
+    assert sum(r["gflop"] for r in rows) * 1e9 == counter.get_total_flops()
+    assert all(r["ms"] > 0 and r["gflops"] > 0 for r in rows)
 
 
 def test_flop_count_matches_a_hand_count_for_one_conv_layer():

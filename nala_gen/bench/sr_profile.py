@@ -6,7 +6,10 @@ untimed warm-up:
 * per operator: ``torch.profiler``'s self CPU time of each ATen op over ``repeats`` forwards (its share of their
   sum), so a layout copy, a ``pixel_shuffle`` or an elementwise add shows as itself, not inside its caller;
 * per layer: wall time of each module up to ``depth`` levels below the network (forward pre/post hooks, children
-  included), the mean over the same forwards.
+  included), the mean over the same forwards;
+* per convolution shape: wall time, calls and FLOPs of every ``conv2d`` and ``conv_transpose2d`` call, grouped by
+  kind, channels, kernel and groups, so each shape's arithmetic rate (GFLOP/s) shows: whether a network is slow for
+  its FLOPs because of its convolutions' shapes or because of what runs between them.
 
 Hooks and the profiler add a little overhead each; the shares, not the absolute times, are the result.
 """
@@ -16,6 +19,8 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 
 def _layer_times(net: torch.nn.Module, x: torch.Tensor, repeats: int, depth: int) -> list[dict]:
@@ -75,6 +80,62 @@ def _op_times(net: torch.nn.Module, x: torch.Tensor, repeats: int, top: int) -> 
     return rows, total_us / 1e3 / repeats
 
 
+class _ConvolutionTimer(TorchFunctionMode):
+    """Times every 2-D convolution called while active, by shape. A convolution on the CPU returns when done, so
+    the wall time around the call is its time (its layout reorders included, which is what a caller pays)."""
+
+    KINDS = {F.conv2d: "conv", F.conv_transpose2d: "transposed"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shapes: dict[tuple, list[float]] = {}  # key -> [calls, seconds, flops]
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kind = self.KINDS.get(func)
+        if kind is None:
+            return func(*args, **kwargs)
+        start = time.perf_counter()
+        out = func(*args, **kwargs)
+        seconds = time.perf_counter() - start
+        x, weight = args[0], args[1]
+        groups = kwargs.get("groups", args[6] if len(args) > 6 else 1)  # the 7th argument of both
+        # weight: (out, in / groups, kh, kw) for conv, (in, out / groups, kh, kw) for the transposed one; each
+        # multiply-add of the larger side's elements reads weight.shape[1] * kh * kw inputs of the other
+        kh, kw = weight.shape[-2:]
+        if kind == "conv":
+            channels, macs = (x.shape[1], weight.shape[0]), out.numel() * weight[0].numel()
+        else:
+            channels, macs = (x.shape[1], weight.shape[1] * groups), x.numel() * weight[0].numel()
+        entry = self.shapes.setdefault((kind, *channels, f"{kh}x{kw}", groups), [0, 0.0, 0.0])
+        entry[0] += 1
+        entry[1] += seconds
+        entry[2] += 2 * macs
+        return out
+
+
+def _convolution_times(net: torch.nn.Module, x: torch.Tensor, repeats: int) -> list[dict]:
+    """Per convolution shape, mean per forward: calls, ms, GFLOP and GFLOP/s, the slowest shapes first."""
+    with _ConvolutionTimer() as timer:
+        for _ in range(repeats):
+            net(x)
+    rows = [
+        {
+            "kind": kind,
+            "in_channels": c_in,
+            "out_channels": c_out,
+            "kernel": kernel,
+            "groups": groups,
+            "calls": calls // repeats,
+            "ms": 1e3 * seconds / repeats,
+            "gflop": flops / 1e9 / repeats,
+            "gflops": flops / 1e9 / seconds if seconds else 0.0,
+        }
+        for (kind, c_in, c_out, kernel, groups), (calls, seconds, flops) in timer.shapes.items()
+    ]
+    return sorted(rows, key=lambda r: r["ms"], reverse=True)
+
+
 def profile_forward(net: torch.nn.Module, x: torch.Tensor, repeats: int = 3, top: int = 12, depth: int = 3) -> dict:
     """Profile ``net(x)`` (already in the layout and mode to measure): seconds per forward, the top operators and the
     layers; see the module docstring."""
@@ -86,11 +147,19 @@ def profile_forward(net: torch.nn.Module, x: torch.Tensor, repeats: int = 3, top
         seconds = (time.perf_counter() - start) / repeats
         ops, op_ms = _op_times(net, x, repeats, top)
         layers = _layer_times(net, x, repeats, depth)
-    return {"seconds": seconds, "ops": ops, "ops_total_ms": op_ms, "layers": layers, "repeats": repeats}
+        convolutions = _convolution_times(net, x, repeats)
+    return {
+        "seconds": seconds,
+        "ops": ops,
+        "ops_total_ms": op_ms,
+        "layers": layers,
+        "convolutions": convolutions,
+        "repeats": repeats,
+    }
 
 
 def format_profile(model: str, side: int, result: dict) -> str:
-    """The profile as two plain-text tables."""
+    """The profile as three plain-text tables."""
     lines = [
         f"{model}, {side}x{side} LR -> x4, one forward: {result['seconds']:.3f} s "
         f"(mean of {result['repeats']} after a warm-up, without profiler or hooks)",
@@ -102,4 +171,8 @@ def format_profile(model: str, side: int, result: dict) -> str:
     lines += ["", f"{'layer (with its children)':<40} {'type':<22} {'ms':>9} {'share':>7}"]
     for r in result["layers"]:
         lines.append(f"{r['layer'][:40]:<40} {r['type'][:22]:<22} {r['ms']:>9.1f} {r['share']:>7.1%}")
+    lines += ["", f"{'convolution (in -> out, kernel, groups)':<40} {'calls':>6} {'ms':>9} {'GFLOP':>7} {'GFLOP/s':>8}"]
+    for r in result["convolutions"]:
+        shape = f"{r['kind']} {r['in_channels']}->{r['out_channels']} {r['kernel']} g{r['groups']}"
+        lines.append(f"{shape:<40} {r['calls']:>6} {r['ms']:>9.1f} {r['gflop']:>7.2f} {r['gflops']:>8.1f}")
     return "\n".join(lines)
