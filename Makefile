@@ -10,7 +10,7 @@ TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg setup.py pyproject.toml Makefile nala_gen/attention/csrc/nala_fused.cpp nala_gen/attention/csrc/nala_tiles.inc nala_gen/attention/csrc/nala_soa.inc
+$(STAMP): setup.cfg setup.py pyproject.toml Makefile nala_gen/attention/csrc/nala_fused.cpp nala_gen/attention/csrc/nala_tiles.inc nala_gen/attention/csrc/nala_soa.inc nala_gen/sr/csrc/winograd.cpp
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(TORCH_PINS) setuptools wheel numpy ninja
 	# basicsr 1.4.2's setup.py imports torch: build it against the torch above, not in isolation.

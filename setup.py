@@ -1,8 +1,12 @@
-"""Build the fused NaLa CPU op (nala_gen.attention._nala_fused) with the package; metadata lives in setup.cfg.
+"""Build the package's two CPU ops with it; metadata lives in setup.cfg.
 
-The op is optional: without PyTorch at build time (an isolated build) or without a working C++ compiler the
-package installs as pure Python and ``linear_attention`` uses its PyTorch path (``nala_gen.attention.fused`` says
-why). Build against the torch you run: ``pip install --no-build-isolation -e .`` (the Makefile does).
+* the fused NaLa op (``nala_gen.attention._nala_fused``), the attention;
+* the Winograd 3x3 convolution (``nala_gen.sr._winograd``) of the SR networks' inference graph.
+
+Both are optional: without PyTorch at build time (an isolated build) or without a working C++ compiler the
+package installs as pure Python, ``linear_attention`` uses its PyTorch path (``nala_gen.attention.fused`` says
+why) and the graph PyTorch's convolutions. Build against the torch you run: ``pip install --no-build-isolation -e .``
+(the Makefile does).
 """
 
 import sys
@@ -13,7 +17,7 @@ ext_modules, cmdclass = [], {}
 try:
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 except ImportError:
-    print("nala_gen: PyTorch not importable at build time; the fused NaLa op is not built", file=sys.stderr)
+    print("nala_gen: PyTorch not importable at build time; the CPU ops are not built", file=sys.stderr)
 else:
 
     class OptionalBuildExtension(BuildExtension):
@@ -26,7 +30,7 @@ else:
                 super().build_extension(ext)
             except Exception as error:  # noqa: BLE001 - any compiler failure means: install without the op
                 self.failed.add(ext.name)
-                print(f"nala_gen: the fused NaLa op was not built ({error}); using the PyTorch path", file=sys.stderr)
+                print(f"nala_gen: {ext.name} was not built ({error}); using the PyTorch path", file=sys.stderr)
 
         def copy_extensions_to_source(self):
             built = [ext for ext in self.extensions if ext.name not in self.failed]
@@ -39,16 +43,20 @@ else:
         def get_outputs(self):
             return [path for ext, path in zip(self.extensions, super().get_outputs()) if ext.name not in self.failed]
 
+    # -O3 for the vector loops, no debug info (-g0, -s: 11 MB of it otherwise); no errno/trap bookkeeping in math;
+    # OpenMP for ATen's parallel_for (the process shares torch's libgomp: same soname).
+    flags = {
+        "extra_compile_args": ["-O3", "-g0", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wno-psabi"],
+        "extra_link_args": ["-fopenmp", "-s"],
+    }
     ext_modules = [
         CppExtension(
             "nala_gen.attention._nala_fused",
             ["nala_gen/attention/csrc/nala_fused.cpp"],
             depends=["nala_gen/attention/csrc/nala_tiles.inc", "nala_gen/attention/csrc/nala_soa.inc"],
-            # -O3 for the vector loops, no debug info (-g0, -s: 11 MB of it otherwise); no errno/trap bookkeeping in
-            # math; OpenMP for ATen's parallel_for (the process shares torch's libgomp: same soname).
-            extra_compile_args=["-O3", "-g0", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wno-psabi"],
-            extra_link_args=["-fopenmp", "-s"],
-        )
+            **flags,
+        ),
+        CppExtension("nala_gen.sr._winograd", ["nala_gen/sr/csrc/winograd.cpp"], **flags),
     ]
     cmdclass = {"build_ext": OptionalBuildExtension}
 

@@ -339,6 +339,47 @@ def test_profile_times_each_convolution_shape_with_its_flops():
     assert all(r["ms"] > 0 and r["gflops"] > 0 for r in rows)
 
 
+def test_profile_counts_winograd_convolutions_at_the_direct_convolutions_flops():
+    import pytest
+    import torch
+
+    from nala_gen.bench.sr_profile import _convolution_times
+    from nala_gen.sr.archs import winograd
+
+    if winograd.unavailable_reason():
+        pytest.skip(winograd.unavailable_reason())
+    layer = winograd.winograd_layer(torch.nn.Conv2d(32, 64, 3, padding=1))
+    with torch.inference_mode():
+        (row,) = _convolution_times(layer, torch.rand(1, 32, 9, 11), repeats=3)
+    assert (row["kind"], row["in_channels"], row["out_channels"], row["kernel"], row["calls"]) == (
+        "winograd",
+        32,
+        64,
+        "3x3",
+        1,
+    )
+    assert row["gflop"] * 1e9 == 2 * 64 * 99 * 32 * 9
+
+
+def test_winograd_benchmark_writes_shapes_and_networks(tmp_path):
+    import pytest
+
+    from nala_gen.bench import winograd_speed
+    from nala_gen.sr.archs import winograd
+
+    if winograd.unavailable_reason():
+        pytest.skip(winograd.unavailable_reason())
+    argv = ["--sides", "12", "--rounds", "2", "--repeats", "2", "--out", str(tmp_path)]
+    assert winograd_speed.main(argv) == 0
+    result = json.loads((tmp_path / "winograd.json").read_text())
+    assert [(r["in_channels"], r["out_channels"], r["side"]) for r in result["shapes"]] == list(winograd_speed.SHAPES)
+    assert all(r["speedup"] == r["direct_s"] / r["winograd_s"] for r in result["shapes"])
+    (net,) = result["networks"]
+    assert net["model"] == "nalasr" and len(net["runs_winograd_s"]) == len(net["runs_direct_s"]) == 2
+    assert net["max_abs_difference"] < 1e-5  # the two paths give the same image
+    assert (tmp_path / "winograd.png").stat().st_size > 0
+
+
 def test_flop_count_matches_a_hand_count_for_one_conv_layer():
     import torch
 

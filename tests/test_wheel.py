@@ -67,12 +67,17 @@ def test_the_wheel_carries_the_weights_and_no_top_level_apps(wheel_env):
     assert Path(proc.stdout.strip()).is_relative_to(wheel_env["site"]), proc.stdout + proc.stderr
 
 
-def test_the_wheel_carries_the_fused_op_and_it_loads(wheel_env):
+def test_the_wheel_carries_the_cpu_ops_and_they_load(wheel_env):
     names = zipfile.ZipFile(wheel_env["wheel"]).namelist()
-    assert any(n.startswith("nala_gen/attention/_nala_fused") and n.endswith(".so") for n in names), names
-    code = "from nala_gen.attention import fused; print(fused._op.__file__, fused.instruction_set())"
+    for op in ("nala_gen/attention/_nala_fused", "nala_gen/sr/_winograd"):
+        assert any(n.startswith(op) and n.endswith(".so") for n in names), names
+    code = (
+        "from nala_gen.attention import fused; from nala_gen.sr.archs import winograd; "
+        "print(fused._op.__file__, winograd._op.__file__, fused.instruction_set())"
+    )
     proc = run(wheel_env, wheel_env["bin"] / "python", "-c", code)
-    assert proc.returncode == 0 and Path(proc.stdout.split()[0]).is_relative_to(wheel_env["site"]), proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert all(Path(path).is_relative_to(wheel_env["site"]) for path in proc.stdout.split()[:2]), proc.stdout
 
 
 def test_upscale_and_models_from_the_wheel(wheel_env):

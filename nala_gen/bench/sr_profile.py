@@ -7,9 +7,11 @@ untimed warm-up:
   sum), so a layout copy, a ``pixel_shuffle`` or an elementwise add shows as itself, not inside its caller;
 * per layer: wall time of each module up to ``depth`` levels below the network (forward pre/post hooks, children
   included), the mean over the same forwards;
-* per convolution shape: wall time, calls and FLOPs of every ``conv2d`` and ``conv_transpose2d`` call, grouped by
-  kind, channels, kernel and groups, so each shape's arithmetic rate (GFLOP/s) shows: whether a network is slow for
-  its FLOPs because of its convolutions' shapes or because of what runs between them.
+* per convolution shape: wall time, calls and FLOPs of every ``conv2d``, ``conv_transpose2d`` and Winograd
+  (:mod:`~nala_gen.sr.archs.winograd`) call, grouped by kind, channels, kernel and groups, so each shape's
+  arithmetic rate (GFLOP/s) shows: whether a network is slow for its FLOPs because of its convolutions' shapes or
+  because of what runs between them. A Winograd call counts the FLOPs of the direct convolution it computes, so
+  its rate is the one a direct kernel would need to be as fast.
 
 Hooks and the profiler add a little overhead each; the shares, not the absolute times, are the result.
 """
@@ -21,6 +23,8 @@ import time
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+
+from nala_gen.sr.archs.winograd import winograd_conv3x3
 
 
 def _layer_times(net: torch.nn.Module, x: torch.Tensor, repeats: int, depth: int) -> list[dict]:
@@ -84,7 +88,7 @@ class _ConvolutionTimer(TorchFunctionMode):
     """Times every 2-D convolution called while active, by shape. A convolution on the CPU returns when done, so
     the wall time around the call is its time (its layout reorders included, which is what a caller pays)."""
 
-    KINDS = {F.conv2d: "conv", F.conv_transpose2d: "transposed"}
+    KINDS = {F.conv2d: "conv", F.conv_transpose2d: "transposed", winograd_conv3x3: "winograd"}
 
     def __init__(self) -> None:
         super().__init__()
@@ -103,7 +107,10 @@ class _ConvolutionTimer(TorchFunctionMode):
         # weight: (out, in / groups, kh, kw) for conv, (in, out / groups, kh, kw) for the transposed one; each
         # multiply-add of the larger side's elements reads weight.shape[1] * kh * kw inputs of the other
         kh, kw = weight.shape[-2:]
-        if kind == "conv":
+        if kind == "winograd":  # weight: the packed (16, Ci, Co)
+            kh = kw = 3
+            channels, macs = (x.shape[1], weight.shape[2]), out.numel() * x.shape[1] * 9
+        elif kind == "conv":
             channels, macs = (x.shape[1], weight.shape[0]), out.numel() * weight[0].numel()
         else:
             channels, macs = (x.shape[1], weight.shape[1] * groups), x.numel() * weight[0].numel()

@@ -29,6 +29,9 @@ Made by :func:`inference_graph` from a trained network in well under a second (n
   HPB finishes. The ARFBs' learned scales go into their convolutions' weights or onto the residual adds, and the
   channel attention's gate into the next convolution's weight, so no pass copies a map into a wider one or
   multiplies a whole feature map by a scalar or a per-channel gate.
+* **3x3 convolutions by Winograd's F(2x2, 3x3)** (:mod:`~nala_gen.sr.archs.winograd`) where the CPU has AVX-512F
+  and the shape suits its kernels (32 or more output channels): 16 multiply-adds per channel pair for each 2x2
+  block of outputs instead of 36; the same convolution to float32 rounding.
 
 The graph shares the network's layers where it runs them as they are and holds new ones where it folds weights
 (the network is never changed); :func:`inference_graph` builds it again when the network's parameters change.
@@ -48,6 +51,7 @@ from torch import nn
 from nala_gen.attention import NaLaAttention, linear_attention, map_to_tokens, tokens_to_map
 from nala_gen.attention.fused import tracing
 
+from . import winograd
 from .esrt_arch import ESRTLayout, upsample_to
 
 Tensor = torch.Tensor
@@ -470,6 +474,8 @@ class ComposedTransformer(nn.Module):
         }
         for name, value in buffers.items():
             self.register_buffer(name, value.to(like), persistent=False)
+        for part in ("in", "proj"):  # the two 3x3 convolutions of x wide enough for the Winograd kernels
+            self.register_buffer(f"x_packed_{part}", winograd.pack(getattr(self, f"x_weight_{part}")), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C, H, W) -> (B, C, H, W), the Efficient Transformer's output.
@@ -528,7 +534,7 @@ class ComposedTransformer(nn.Module):
         (B, n, 2), n their tokens."""
         d, r = self.dim, self.reduced
         part, rows = _rows_with_halo(x, start, stop, 1)
-        conv = self._tokens(F.conv2d(part, self.x_weight_in, padding=1)[..., rows, :])  # (B, n, R + 1 + pad)
+        conv = self._tokens(winograd.conv3x3(part, self.x_weight_in, packed=self.x_packed_in)[..., rows, :])
         part, rows = _rows_with_halo(square_sum, start, stop, 1)
         sums = torch.cat([conv[..., r : r + 1], self._tokens(F.conv2d(part, self.box, padding=1)[..., rows, :])], -1)
         mean_t = sums[..., :1] / d
@@ -551,7 +557,7 @@ class ComposedTransformer(nn.Module):
             part, rows = _rows_with_halo(x, first, last, 1)
             tokens, hw = slice(first * width, last * width), (last - first, width)
             h, sums = h[:, tokens], sums[:, tokens]
-        conv = self._tokens(F.conv2d(part, self.x_weight_proj, padding=1)[..., rows, :])  # (B, n, R + 1 + pad)
+        conv = self._tokens(winograd.conv3x3(part, self.x_weight_proj, packed=self.x_packed_proj)[..., rows, :])
         lin = _pointwise(h, hw, self.h_weight_proj)  # (B, n, R + 2 + pad)
         mean_a = (sums[..., :1] + lin[..., r : r + 1] + self.proj_bias_sum) / d
         t_dot_o = _row_dot(conv[..., :r], h) + conv[..., r : r + 1]
@@ -675,7 +681,8 @@ class FoldedResidualUnit(nn.Module):
     def __init__(self, unit: nn.Module) -> None:
         super().__init__()
         conv1, act, conv2 = unit.body
-        self.body = nn.Sequential(conv1, _float32_prelu(act), _scaled_conv(conv2, unit.scale_res.scale.detach()))
+        conv2 = _scaled_conv(conv2, unit.scale_res.scale.detach())
+        self.body = nn.Sequential(winograd.winograd_layer(conv1), _float32_prelu(act), winograd.winograd_layer(conv2))
         self.scale_x = _scalar(unit.scale_x)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -699,8 +706,9 @@ class FoldedARFB(nn.Module):
         channels = arfb.fuse[0].out_channels
         self.ru1 = FoldedResidualUnit(arfb.ru1)
         conv1, act, conv2 = arfb.ru2.body
-        self.ru2_hidden = nn.Sequential(conv1, _float32_prelu(act))
-        self.padding = conv2.padding
+        if not winograd.is_plain_3x3(conv2) or not winograd.is_plain_3x3(arfb.conv[0]):
+            raise TypeError("the ARFB's convolutions are expected to be 3x3 with padding 1 (ESRT's layout)")
+        self.ru2_hidden = nn.Sequential(winograd.winograd_layer(conv1), _float32_prelu(act))
         like = conv2.weight
 
         def f64(t: Tensor) -> Tensor:
@@ -714,23 +722,28 @@ class FoldedARFB(nn.Module):
         x1_weight = (_scalar(arfb.ru2.scale_x) * w_a + w_b)[..., None, None]
         for name, value in (("hidden_weight", hidden_weight), ("hidden_bias", hidden_bias), ("x1_weight", x1_weight)):
             self.register_buffer(name, value.to(like), persistent=False)
+        self.register_buffer("hidden_packed", winograd.pack(self.hidden_weight), persistent=False)
         self.attention = arfb.attention
         scale_res = _scalar(arfb.scale_res)
         folds = scale_res > 0
-        self.conv = nn.Sequential(_scaled_conv(arfb.conv[0], scale_res if folds else 1.0), arfb.conv[1])
+        conv = self.gated = _scaled_conv(arfb.conv[0], scale_res if folds else 1.0)
+        self.conv = nn.Sequential(winograd.winograd_layer(conv), arfb.conv[1])
+        # the conv's transformed weight, which the channel attention's gate scales per input channel (batch 1)
+        self.register_buffer("conv_packed", winograd.pack(conv.weight), persistent=False)
         self.out_scale = None if folds else scale_res
         self.scale_x = _scalar(arfb.scale_x)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C, H, W) -> (B, C, H, W)."""
         x1 = self.ru1(x)
-        fused = F.conv2d(self.ru2_hidden(x1), self.hidden_weight, self.hidden_bias, padding=self.padding)
+        fused = winograd.conv3x3(self.ru2_hidden(x1), self.hidden_weight, self.hidden_bias, self.hidden_packed)
         fused = fused.add_(F.conv2d(x1, self.x1_weight)).relu_()
         del x1
         gate = self.attention.gate(fused)  # (B, C, 1, 1): the channel attention's per-channel weights
         if fused.shape[0] == 1:  # they scale the conv's input channels: fold them into its small weight, not the map
-            conv = self.conv[0]
-            y = F.conv2d(fused, conv.weight * gate.view(1, -1, 1, 1), conv.bias, padding=conv.padding).relu_()
+            conv = self.gated
+            packed = self.conv_packed * gate.view(1, -1, 1).to(self.conv_packed.dtype)
+            y = winograd.conv3x3(fused, conv.weight * gate.view(1, -1, 1, 1), conv.bias, packed).relu_()
         else:
             y = self.conv(fused.mul_(gate))
         if self.out_scale is not None:
@@ -785,20 +798,26 @@ class FoldedBody(nn.Module):
         # (num_block * C, C, 3, 3): HPB i's part is rows i * C to (i + 1) * C (4-D, as .to(memory_format=) needs)
         self.register_buffer("reduce_weight", torch.cat(weight.chunk(len(self.hpbs), dim=1)), persistent=False)
         self.register_buffer("reduce_bias", body.reduce.bias.detach().clone(), persistent=False)
-        self.padding = body.reduce.padding
+        if not winograd.is_plain_3x3(body.reduce):
+            raise TypeError("the body's reduction is expected to be a 3x3 convolution with padding 1 (ESRT's layout)")
+        self.register_buffer(
+            "reduce_packed",
+            torch.stack([winograd.pack(w) for w in self.reduce_weight.chunk(len(self.hpbs))]),
+            persistent=False,
+        )
         self.transformer = nn.Sequential(*(ComposedTransformer(et) for et in body.transformer))
-        self.conv = _scaled_conv(body.conv, _scalar(body.scale_res))
+        self.conv = winograd.winograd_layer(_scaled_conv(body.conv, _scalar(body.scale_res)))
         self.scale_x = _scalar(body.scale_x)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C, H, W) -> (B, C, H, W)."""
         feat, merged = x, None
-        for hpb, weight in zip(self.hpbs, self.reduce_weight.chunk(len(self.hpbs))):
+        for hpb, weight, packed in zip(self.hpbs, self.reduce_weight.chunk(len(self.hpbs)), self.reduce_packed):
             feat = hpb(feat)
             if merged is None:
-                merged = F.conv2d(feat, weight, self.reduce_bias, padding=self.padding)
+                merged = winograd.conv3x3(feat, weight, self.reduce_bias, packed)
             else:
-                merged = merged.add_(F.conv2d(feat, weight, padding=self.padding))
+                merged = merged.add_(winograd.conv3x3(feat, weight, packed=packed))
         del feat
         return self.conv(self.transformer(merged)).add_(x, alpha=self.scale_x)
 
@@ -830,7 +849,7 @@ class ESRTInferenceGraph(nn.Module):
         self.upscale = net.upscale
         # The 3x3 ``reduce`` before the tail stays its own layer: composed in, it would widen the kernel from 5x5
         # to 7x7 (about twice the multiply-adds of the two apart).
-        self.reduce = net.reduce
+        self.reduce = winograd.winograd_layer(net.reduce)
         self.tail = ComposedUpsampler(net.tail, channels, net.upscale)
         if not isinstance(net.skip[-1], nn.ReLU):
             raise TypeError("the skip upsampler is expected to end in a ReLU (ESRT's layout)")

@@ -1,0 +1,197 @@
+"""What the Winograd 3x3 convolution (:mod:`nala_gen.sr.archs.winograd`) gains: per convolution shape and per network.
+
+Each in one fresh process, its calls alternated with the direct convolution's in the same process (the VM's speed
+drifts from process to process, so a ratio is only taken within one):
+
+* **shapes**: the 3x3 shapes NaLaSR-light runs by Winograd, ``F.conv2d`` (oneDNN) against the kernels on one
+  channels-last input, fp32, minimum of ``--repeats`` calls each;
+* **networks**: NaLaSR's whole forward (``net(x)``, eval, channels-last, as the peer board runs it) at each LR side,
+  ``--rounds`` passes with the kernels on and as many off (``NALA_GEN_WINOGRAD``), alternated; the medians, their
+  ratio, and the largest difference between the two outputs.
+
+    nala-bench winograd [--sides 125 250 500] [--rounds 8] [--repeats 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from functools import partial
+from pathlib import Path
+
+from nala_gen.bench.common import machine_info, run_stamp, run_worker
+
+# (in, out, LR side) of NaLaSR-light's Winograd convolutions at 1 MP out: its residual units' and ARFBs' 16 -> 32
+# and 32 -> 32 (at full and pooled resolution), the transformer's two 32 -> 160
+SHAPES = ((16, 32, 250), (32, 32, 250), (32, 160, 250), (16, 32, 125), (32, 32, 125))
+
+
+def _alternated(calls: dict, repeats: int) -> dict[str, list[float]]:
+    """Each callable once per round, in turn (order reversed every other round), after one warm-up call each."""
+    for call in calls.values():
+        call()
+    times = {name: [] for name in calls}
+    order = list(calls)
+    for round_ in range(repeats):
+        for name in order if round_ % 2 == 0 else order[::-1]:
+            start = time.perf_counter()
+            calls[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def shapes_worker(repeats: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from nala_gen.profiling import reused_large_temporaries
+    from nala_gen.sr.archs import winograd
+
+    if winograd.unavailable_reason():
+        return {"status": "unavailable", "note": winograd.unavailable_reason()}
+    torch.manual_seed(0)
+    rows = []
+    with torch.inference_mode(), reused_large_temporaries():
+        for c_in, c_out, side in SHAPES:
+            x = torch.randn(1, c_in, side, side).contiguous(memory_format=torch.channels_last)
+            weight, bias = torch.randn(c_out, c_in, 3, 3) / (3 * c_in**0.5), torch.randn(c_out)
+            packed = winograd.pack(weight)
+            times = _alternated(
+                {
+                    "direct": partial(F.conv2d, x, weight, bias, padding=1),
+                    "winograd": partial(winograd.winograd_conv3x3, x, packed, bias),
+                },
+                repeats,
+            )
+            best = {name: min(t) for name, t in times.items()}
+            gflop = 2 * c_out * c_in * 9 * side * side / 1e9
+            rows.append(
+                {
+                    "in_channels": c_in,
+                    "out_channels": c_out,
+                    "side": side,
+                    "direct_s": best["direct"],
+                    "winograd_s": best["winograd"],
+                    "speedup": best["direct"] / best["winograd"],
+                    "gflop_direct": gflop,
+                }
+            )
+    return {"status": "ok", "rows": rows}
+
+
+def network_worker(model: str, side: int, rounds: int) -> dict:
+    import torch
+
+    from nala_gen.bench.sr_scaling import build, padded_input
+    from nala_gen.profiling import reused_large_temporaries
+    from nala_gen.sr.archs import winograd
+
+    if winograd.unavailable_reason():
+        return {"status": "unavailable", "note": winograd.unavailable_reason()}
+    torch.manual_seed(0)
+    net = build(model).eval().to(memory_format=torch.channels_last)
+    x = padded_input(model, side, side).contiguous(memory_format=torch.channels_last)
+    outputs = {}
+
+    def run(switch: str):
+        def call():
+            os.environ["NALA_GEN_WINOGRAD"] = switch  # read on every convolution call
+            outputs[switch] = net(x)
+
+        return call
+
+    with torch.inference_mode(), reused_large_temporaries():
+        times = _alternated({"winograd": run("1"), "direct": run("0")}, rounds)
+    medians = {name: statistics.median(t) for name, t in times.items()}
+    difference = (outputs["1"] - outputs["0"]).abs().max().item()
+    return {
+        "status": "ok",
+        "model": model,
+        "lr_side": side,
+        "output_megapixels": (4 * side) ** 2 / 1e6,
+        "direct_s": medians["direct"],
+        "winograd_s": medians["winograd"],
+        "speedup": medians["direct"] / medians["winograd"],
+        "runs_direct_s": times["direct"],
+        "runs_winograd_s": times["winograd"],
+        "max_abs_difference": difference,
+    }
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = [f"{r['in_channels']}→{r['out_channels']}\n{r['side']}²" for r in result["shapes"]]
+    nets = [f"{r['model']}\n{r['output_megapixels']:g} MP" for r in result["networks"]]
+    fig, ax = plt.subplots(figsize=(7, 3.4), dpi=110)
+    values = [r["speedup"] for r in result["shapes"]] + [r["speedup"] for r in result["networks"]]
+    colours = ["tab:blue"] * len(shapes) + ["tab:orange"] * len(nets)
+    ax.bar(range(len(values)), values, color=colours)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(range(len(values)), shapes + nets, fontsize=7)
+    ax.set_ylabel("direct time / Winograd time")
+    ax.set_title("Winograd F(2x2, 3x3) against oneDNN's direct convolution: shapes (blue), whole forward (orange)",
+                 fontsize=8)  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nala-bench winograd", description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["nalasr"], choices=["nalasr", "esrt"])
+    parser.add_argument("--sides", nargs="+", type=int, default=[125, 250, 500], help="square LR sides (x4)")
+    parser.add_argument("--rounds", type=int, default=8, help="network passes with the kernels on, and as many off")
+    parser.add_argument("--repeats", type=int, default=15, help="calls of each convolution per shape")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        kind, *rest = args.worker
+        if kind == "shapes":
+            print(json.dumps(shapes_worker(args.repeats)))
+        else:
+            print(json.dumps(network_worker(rest[0], int(rest[1]), args.rounds)))
+        return 0
+    module = "nala_gen.bench.winograd_speed"
+    shapes = run_worker(module, ["--worker", "shapes", "--repeats", str(args.repeats)])
+    if shapes["status"] != "ok":
+        print(f"winograd: {shapes['status']}: {shapes.get('note', '')}")
+        return 1
+    for r in shapes["rows"]:
+        print(f"{r['in_channels']:>3} -> {r['out_channels']:<3} at {r['side']}²: direct {r['direct_s'] * 1e3:6.2f} ms, "
+              f"Winograd {r['winograd_s'] * 1e3:6.2f} ms, {r['speedup']:.2f}x", flush=True)  # fmt: skip
+    networks = []
+    for model in args.models:
+        for side in args.sides:
+            row = run_worker(module, ["--worker", "network", model, str(side), "--rounds", str(args.rounds)])
+            if row["status"] != "ok":
+                print(f"{model} at {side}: {row['status']}: {row.get('note', '')}")
+                return 1
+            networks.append(row)
+            print(f"{model} {row['output_megapixels']:g} MP out: direct {row['direct_s']:.3f} s, Winograd "
+                  f"{row['winograd_s']:.3f} s, {row['speedup']:.3f}x (outputs within {row['max_abs_difference']:.1e})",
+                  flush=True)  # fmt: skip
+    result = {
+        "machine": machine_info("cpu"),
+        "run": run_stamp(),
+        "repeats": args.repeats,
+        "rounds": args.rounds,
+        "shapes": shapes["rows"],
+        "networks": networks,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "winograd.json").write_text(json.dumps(result, indent=1))
+    plot(result, args.out / "winograd.png")
+    print(f"wrote {args.out / 'winograd.json'} and winograd.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""3x3 convolutions of the inference graph by Winograd's F(2x2, 3x3): 16 multiply-adds per input and output channel
+for each 2x2 block of outputs where the direct convolution needs 36.
+
+Why: NaLaSR's and ESRT's convolutions have 16 to 32 input channels, which oneDNN's direct kernels run below their
+rate on wide ones (``nala-bench peers --profile``, docs/results/peers.md), so fewer multiply-adds is where the time
+is. The C++ kernels (``csrc/winograd.cpp``, built with the package) run on CPUs with AVX-512F; the transform
+matrices have entries 0, +-1 and +-1/2, so results match the direct convolution to float32 rounding (tests pin it).
+
+:func:`conv3x3` uses them where they apply, and ``F.conv2d`` everywhere else: float32 CPU tensors outside autograd,
+autocast and tracing (an ONNX export or ``torch.compile`` sees ``conv2d``), 16, 32, 48 or 64 input channels and
+a multiple of 32 output channels (below that oneDNN's kernel was as fast here). ``NALA_GEN_WINOGRAD=0`` turns
+them off.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import handle_torch_function, has_torch_function
+
+from nala_gen.attention.fused import tracing
+
+try:
+    from nala_gen.sr import _winograd as _op
+except ImportError as error:  # not built (a pure-Python install), or built against another torch
+    _op, _WHY_NOT = None, f"the Winograd convolution is not importable ({error})"
+else:
+    _WHY_NOT = None if _op.available() else "this CPU has no AVX-512F"
+
+Tensor = torch.Tensor
+INPUT_CHANNELS = (16, 32, 48, 64)  # compiled as constants (csrc/winograd.cpp)
+# G of F(2x2, 3x3): the weight's transform G g G^T (rows: g0; (g0 + g1 + g2) / 2; (g0 - g1 + g2) / 2; g2)
+_G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+
+
+def unavailable_reason() -> str | None:
+    """Why the kernels cannot run here (None: they can)."""
+    return _WHY_NOT
+
+
+def enabled() -> bool:
+    return _WHY_NOT is None and os.environ.get("NALA_GEN_WINOGRAD", "1").lower() not in ("0", "false", "no")
+
+
+def pack(weight: Tensor) -> Tensor:
+    """A (Co, Ci, 3, 3) weight -> its transform G g G^T, (16, Ci, Co) float32, position-major (computed in float64)."""
+    g = torch.tensor(_G, dtype=torch.float64, device=weight.device)
+    packed = torch.einsum("ik,ockl,jl->ijco", g, weight.detach().double(), g)
+    return packed.reshape(16, weight.shape[1], weight.shape[0]).float().contiguous()
+
+
+def applies(x: Tensor, weight: Tensor) -> bool:
+    """Whether :func:`conv3x3` runs the Winograd kernels for this input and (Co, Ci, 3, 3) weight."""
+    return (
+        enabled()
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.dim() == 4
+        and x.shape[1] in INPUT_CHANNELS
+        and tuple(weight.shape[1:]) == (x.shape[1], 3, 3)
+        and weight.shape[0] % 32 == 0
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        and not torch.is_autocast_enabled("cpu")
+        and not tracing()
+    )
+
+
+def conv3x3(x: Tensor, weight: Tensor, bias: Tensor | None = None, packed: Tensor | None = None) -> Tensor:
+    """``F.conv2d(x, weight, bias, padding=1)``: (B, Ci, H, W) -> (B, Co, H, W), channels-last where the kernels run.
+
+    ``packed``: ``pack(weight)``, where the caller keeps it (a layer's fixed weight); made here otherwise (a few
+    microseconds for these sizes)."""
+    if not applies(x, weight):
+        return F.conv2d(x, weight, bias, padding=1)
+    if packed is None:
+        packed = pack(weight)
+    if bias is None:
+        bias = x.new_zeros(weight.shape[0])
+    return winograd_conv3x3(x.contiguous(memory_format=torch.channels_last), packed, bias.detach().float().contiguous())
+
+
+def winograd_conv3x3(x: Tensor, packed: Tensor, bias: Tensor) -> Tensor:
+    """The kernels themselves: x (B, Ci, H, W) channels-last float32, ``packed`` (16, Ci, Co), ``bias`` (Co,) ->
+    (B, Co, H, W) channels-last. Seen by ``torch.profiler`` (as ``nala_gen::winograd_conv3x3``) and by
+    ``__torch_function__`` modes, so a profile counts it among the convolutions."""
+    if has_torch_function((x,)):
+        return handle_torch_function(winograd_conv3x3, (x,), x, packed, bias)
+    with torch.profiler.record_function("nala_gen::winograd_conv3x3"):
+        return _op.conv3x3(x, packed, bias)
+
+
+class WinogradConv3x3(nn.Module):
+    """A trained ``nn.Conv2d`` (3x3, stride 1, padding 1, no groups or dilation; shared) run by :func:`conv3x3`, its
+    transformed weight kept (made again when the weight changes)."""
+
+    def __init__(self, conv: nn.Conv2d) -> None:
+        super().__init__()
+        if not is_plain_3x3(conv):
+            raise ValueError(f"not a plain 3x3 convolution: {conv}")
+        self.conv = conv
+        self._packed: tuple[tuple, Tensor] | None = None
+
+    def packed(self) -> Tensor:
+        weight = self.conv.weight
+        # an inference tensor (a layer made under torch.inference_mode) has no version counter to read
+        key = (weight.data_ptr(), None if weight.is_inference() else weight._version, weight.device)
+        if self._packed is None or self._packed[0] != key:
+            self._packed = (key, pack(weight))
+        return self._packed[1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not applies(x, self.conv.weight):
+            return self.conv(x)
+        return conv3x3(x, self.conv.weight, self.conv.bias, self.packed())
+
+
+def is_plain_3x3(conv: nn.Module) -> bool:
+    """A 3x3 ``nn.Conv2d`` with stride 1, zero padding 1, no dilation and no groups."""
+    return (
+        isinstance(conv, nn.Conv2d)
+        and conv.kernel_size == (3, 3)
+        and conv.stride == (1, 1)
+        and conv.padding == (1, 1)
+        and conv.dilation == (1, 1)
+        and conv.groups == 1
+        and conv.padding_mode == "zeros"
+    )
+
+
+def winograd_layer(conv: nn.Module) -> nn.Module:
+    """``conv`` wrapped in :class:`WinogradConv3x3` where it is a plain 3x3 convolution whose shape the kernels run
+    (its own module otherwise)."""
+    fits = is_plain_3x3(conv) and conv.in_channels in INPUT_CHANNELS and conv.out_channels % 32 == 0
+    return WinogradConv3x3(conv) if fits else conv

@@ -1,0 +1,99 @@
+"""The Winograd F(2x2, 3x3) convolution of the SR inference graph against PyTorch's direct one."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nala_gen.sr.archs import winograd
+
+needs_kernels = pytest.mark.skipif(winograd.unavailable_reason() is not None, reason=str(winograd.unavailable_reason()))
+
+
+def direct(x, weight, bias):
+    """The reference: PyTorch's convolution in float64."""
+    return F.conv2d(x.double(), weight.double(), None if bias is None else bias.double(), padding=1)
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("batch", "c_in", "c_out", "height", "width"),
+    [
+        (1, 32, 32, 17, 23),  # odd sizes: the last row and column of 2x2 blocks are half outside
+        (2, 16, 64, 8, 10),  # batch 2
+        (1, 48, 32, 1, 1),  # one pixel: every tap but the centre is padding
+        (1, 64, 160, 3, 130),  # more than one segment of blocks along a row (64 blocks = 128 px)
+        (1, 32, 96, 2, 5),
+    ],
+)
+def test_matches_the_direct_convolution(batch, c_in, c_out, height, width):
+    torch.manual_seed(0)
+    x = torch.randn(batch, c_in, height, width).contiguous(memory_format=torch.channels_last)
+    weight, bias = torch.randn(c_out, c_in, 3, 3) / (3 * c_in**0.5), torch.randn(c_out)
+    with torch.inference_mode():
+        assert winograd.applies(x, weight)
+        y = winograd.conv3x3(x, weight, bias)
+        ours = (y.double() - direct(x, weight, bias)).abs().max().item()
+        theirs = (F.conv2d(x, weight, bias, padding=1).double() - direct(x, weight, bias)).abs().max().item()
+    assert y.shape == (batch, c_out, height, width) and y.is_contiguous(memory_format=torch.channels_last)
+    # within float32 rounding, as PyTorch's own float32 convolution is (a wrong tap or transform is off by ~0.1)
+    assert ours < max(4 * theirs, 1e-6), (ours, theirs)
+
+
+@needs_kernels
+def test_row_slices_strided_inputs_and_no_bias():
+    torch.manual_seed(1)
+    full = torch.randn(1, 32, 20, 9).contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(64, 32, 3, 3) / 17
+    with torch.inference_mode():
+        for x in (full[..., 3:11, :], torch.randn(1, 32, 9, 20).transpose(-1, -2)):  # a band of rows; NCHW strides
+            y = winograd.conv3x3(x, weight)
+            assert (y.double() - direct(x, weight, None)).abs().max() < 1e-5
+
+
+def test_falls_back_to_pytorch_where_the_kernels_do_not_apply():
+    torch.manual_seed(2)
+    x, weight = torch.randn(1, 32, 6, 6), torch.randn(32, 32, 3, 3)
+    cases = {
+        "float64": (x.double(), weight.double()),
+        "16 output channels": (x, weight[:16]),
+        "24 input channels": (x[:, :24], weight[:, :24]),
+    }
+    for name, (xi, wi) in cases.items():
+        assert not winograd.applies(xi, wi), name
+        assert torch.equal(winograd.conv3x3(xi, wi), F.conv2d(xi, wi, padding=1)), name
+    grad = weight.clone().requires_grad_()
+    assert not winograd.applies(x, grad)  # training: autograd needs PyTorch's convolution
+    winograd.conv3x3(x, grad).sum().backward()
+    assert grad.grad is not None
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 inference keeps autocast's convolution
+        assert not winograd.applies(x, weight)
+        assert winograd.conv3x3(x, weight).dtype == torch.bfloat16
+
+
+@needs_kernels
+def test_switched_off_by_the_environment(monkeypatch):
+    x, weight = torch.randn(1, 32, 4, 4), torch.randn(32, 32, 3, 3)
+    assert winograd.applies(x, weight)
+    monkeypatch.setenv("NALA_GEN_WINOGRAD", "0")
+    assert not winograd.applies(x, weight)
+
+
+@needs_kernels
+def test_layer_keeps_its_transformed_weight_until_the_weight_changes():
+    torch.manual_seed(3)
+    conv = torch.nn.Conv2d(32, 32, 3, padding=1)
+    layer = winograd.winograd_layer(conv)
+    assert isinstance(layer, winograd.WinogradConv3x3)
+    x = torch.randn(1, 32, 7, 7)
+    with torch.inference_mode():
+        first = layer.packed()
+        assert layer.packed() is first
+        assert (layer(x).double() - direct(x, conv.weight, conv.bias)).abs().max() < 1e-5
+    with torch.no_grad():
+        conv.weight.mul_(2)
+    with torch.inference_mode():
+        assert layer.packed() is not first  # made again: the old transform would give the old convolution
+        assert (layer(x).double() - direct(x, conv.weight, conv.bias)).abs().max() < 1e-5
+    others = (torch.nn.Conv2d(32, 16, 3, padding=1), torch.nn.Conv2d(32, 32, 3, padding=2), torch.nn.Conv2d(32, 32, 1))
+    for other in others:
+        assert winograd.winograd_layer(other) is other  # shapes or layouts the kernels do not run stay as they are
