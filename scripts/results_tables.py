@@ -772,6 +772,29 @@ def sr_profile_convolutions_table(top: int = 6) -> str:
     return "\n".join(lines)
 
 
+def winograd_table() -> str:
+    """The Winograd 3x3 convolution against oneDNN's direct one, per shape and per NaLaSR forward."""
+    data = json.loads((RESULTS / "winograd.json").read_text())
+    lines = [
+        f"`nala-bench winograd`, {data['run']}, {cores(data['machine'])}, fp32; each part in one fresh process, "
+        f"the two paths alternated: shapes by the minimum of {data['repeats']} calls on one channels-last input, "
+        f"NaLaSR's whole forward (`net(x)`, eval) by the medians of {data['rounds']} passes each.",
+        "",
+        "| convolution or forward | direct (oneDNN) | Winograd | speed-up |",
+        "|---|---|---|---|",
+    ]
+    for r in data["shapes"]:
+        shape = f"{r['in_channels']} → {r['out_channels']}, 3x3, at {r['side']}²"
+        times = f"{r['direct_s'] * 1e3:.2f} ms", f"{r['winograd_s'] * 1e3:.2f} ms"
+        lines.append(row(shape, *times, f"{r['speedup']:.2f}×"))
+    for r in data["networks"]:
+        lines.append(row(f"{r['model']} forward, {r['output_megapixels']:g} MP out",
+                         f"{r['direct_s']:.3f} s", f"{r['winograd_s']:.3f} s", f"{r['speedup']:.2f}×"))  # fmt: skip
+    worst = max(r["max_abs_difference"] for r in data["networks"])
+    lines += ["", f"The two paths' outputs differ by at most {worst:.1e} (images in [0, 1])."]
+    return "\n".join(lines)
+
+
 def entropy_random_table(norms: tuple[float, ...] = (0.25, 1.0, 2.0, 4.0, 8.0)) -> str:
     """Entropy of one fixed query direction at growing norms, against fixed random keys, per kernel."""
     data = json.loads((RESULTS / "entropy_vs_query_norm.json").read_text())
@@ -945,6 +968,7 @@ TABLES = (
     Table("sr-peer-quality", ("sr_ablation.json",), sr_peer_quality_table),
     Table("sr-profile", ("sr_profile.json",), sr_profile_table),
     Table("sr-profile-convolutions", ("sr_profile.json",), sr_profile_convolutions_table),
+    Table("winograd", ("winograd.json",), winograd_table),
     Table("entropy-random", ("entropy_vs_query_norm.json",), entropy_random_table),
     Table("trained-entropy", ("trained_entropy.json",), trained_entropy_table),
     Table("sr-ablation", ("sr_ablation.json",), sr_ablation_table),

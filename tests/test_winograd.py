@@ -68,6 +68,11 @@ def test_falls_back_to_pytorch_where_the_kernels_do_not_apply():
     with torch.autocast("cpu", dtype=torch.bfloat16):  # bf16 inference keeps autocast's convolution
         assert not winograd.applies(x, weight)
         assert winograd.conv3x3(x, weight).dtype == torch.bfloat16
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:  # the board counts the network's FLOPs
+        winograd.conv3x3(x, weight)
+    assert counter.get_total_flops() == 2 * 32 * 36 * 32 * 9
 
 
 @needs_kernels

@@ -8,8 +8,9 @@ matrices have entries 0, +-1 and +-1/2, so results match the direct convolution 
 
 :func:`conv3x3` uses them where they apply, and ``F.conv2d`` everywhere else: float32 CPU tensors outside autograd,
 autocast and tracing (an ONNX export or ``torch.compile`` sees ``conv2d``), 16, 32, 48 or 64 input channels and
-a multiple of 32 output channels (below that oneDNN's kernel was as fast here). ``NALA_GEN_WINOGRAD=0`` turns
-them off.
+a multiple of 32 output channels (below that oneDNN's kernel was as fast here), and not under a dispatch mode
+(``torch.utils.flop_counter`` counts the direct convolution's FLOPs, the network's own arithmetic).
+``NALA_GEN_WINOGRAD=0`` turns them off.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import handle_torch_function, has_torch_function
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from nala_gen.attention.fused import tracing
 
@@ -65,6 +67,7 @@ def applies(x: Tensor, weight: Tensor) -> bool:
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and not torch.is_autocast_enabled("cpu")
         and not tracing()
+        and not is_in_torch_dispatch_mode()  # a FLOP counter or tracer sees the convolution it computes
     )
 
 
