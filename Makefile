@@ -18,6 +18,7 @@ $(STAMP): setup.cfg setup.py pyproject.toml Makefile nala_gen/attention/csrc/nal
 	# Not isolated either: the fused NaLa op (C++, about a minute to compile) builds against that torch.
 	$(BIN)/pip install -q --no-build-isolation -e '.[sr,diffusion,plot,app,video,test,docs]'
 	$(BIN)/python -c "from nala_gen.attention import fused; print('nala_gen: fused NaLa op:', fused.instruction_set() or fused.unavailable_reason())"
+	$(BIN)/python -c "from nala_gen.sr.archs import winograd as w; print('nala_gen: Winograd convolution:', w.unavailable_reason() or 'avx512')"
 	touch $@
 
 demo: $(STAMP)
@@ -65,6 +66,7 @@ bench: $(STAMP)
 	$(BIN)/nala-bench sr
 	$(BIN)/nala-bench peers --skip esrt:500  # ESRT at 4 MP out: over 20 minutes (quadratic attention)
 	$(BIN)/nala-bench peers --models nalasr srvgg --rounds 5 --keep-others  # the pair issue 20 compares, alternated
+	$(BIN)/nala-bench winograd  # the Winograd 3x3 convolutions against oneDNN: per shape and per forward
 	if $(BIN)/python -c "import nala_gen.devices as d; raise SystemExit(not d.cpu_native_bf16())"; then \
 		$(BIN)/nala-bench peers --models nalasr srvgg --precisions fp32 bf16 --sides 250 500 --rounds 3; \
 	else echo "bench: this CPU has no native bf16: sr_peers_precision.json and the bf16 quality not remeasured"; fi
