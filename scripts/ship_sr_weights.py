@@ -57,11 +57,19 @@ STAGE_7 = (
     "save, which is what ships (the end-of-run save would hold the same weights); stopped (SIGSTOP) for about 15 "
     "minutes of timings and beside builds and tests of issue 39 throughout"
 )
+STAGE_8 = (
+    "; stage 8 (stage 6's recipe) ran beside the other x4 network's stage 8, one thread each, from stage 7's run in "
+    "this checkout, over two sessions (resumed from its checkpoints: ESRT at 1,000 iterations, NaLaSR at 1,750), "
+    "stopped (SIGSTOP) for about 30 minutes of timings and beside builds and tests of issue 39 throughout; ESRT's "
+    "last 1,000 iterations beside NaLaSR's stage 9 instead of NaLaSR's stage 8; ESRT's end-of-run validation was "
+    "stopped to free the CPU for shipping, after its iteration-2,500 save, which is what ships (the end-of-run save "
+    "would hold the same weights)"
+)
 RUN_NOTES = {
     "nalasr-light-x4": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
-    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7,
+    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7 + STAGE_8,
     "esrt-x4": "stage 1 ran beside the nalasr-light-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
-    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7,
+    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7 + STAGE_8,
     "nalasr-light-x2": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + "; stage 2 ran with two threads "
     "(OMP_NUM_THREADS=2) and no other training, beside short tests and micro-benchmarks in its first 10 minutes, "
     "from stage 1's weights (restored from the card's safetensors: stage 1 had trained in another checkout); stage 3 "
@@ -84,6 +92,7 @@ RUNS = {
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage5.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage6.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage7.yml",
+        "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage8.yml",
     ],
     "esrt-x4": [
         "options/train/ESRT/train_ESRT_x4_mini.yml",
@@ -93,6 +102,7 @@ RUNS = {
         "options/train/ESRT/train_ESRT_x4_photos_stage5.yml",
         "options/train/ESRT/train_ESRT_x4_photos_stage6.yml",
         "options/train/ESRT/train_ESRT_x4_photos_stage7.yml",
+        "options/train/ESRT/train_ESRT_x4_photos_stage8.yml",
     ],
     "nalasr-light-x2": [
         "options/train/NaLaSR/train_NaLaSR_light_x2_mini.yml",

@@ -107,7 +107,7 @@ def test_stage4_starts_from_stage3_and_follows_it_in_the_rebuild(weights):
     assert runs.index(f"{stem}_photos_stage4") > runs.index(f"{stem}_photos_ft")
 
 
-@pytest.mark.parametrize("stage", ["stage4", "stage5", "stage6", "stage7"])
+@pytest.mark.parametrize("stage", ["stage4", "stage5", "stage6", "stage7", "stage8"])
 def test_the_pairs_stage_options_differ_only_in_the_network_and_run(stage):
     (nalasr,), (esrt,) = (stage_options(stem, f"photos_{stage}") for stem, _ in STAGE4.values())
     starts = [opt["path"].pop("pretrain_network_g") for opt in (nalasr, esrt)]
@@ -163,12 +163,20 @@ def test_stage6_is_stage5s_data_at_the_papers_patch_from_stage5s_run(weights):
 
 
 @pytest.mark.parametrize("weights", list(STAGE4))
-def test_stage7_is_stage6s_recipe_from_stage6s_run_and_the_last_stage_shipped(weights):
+def test_stage7_is_stage6s_recipe_from_stage6s_run(weights):
     stem = STAGE4[weights][0]
     stage6, stage7 = assert_chained(weights, stem, "photos_stage6", "photos_stage7")
     assert stage7["datasets"] == stage6["datasets"] and stage7["network_g"] == stage6["network_g"]
     assert stage7["train"] == stage6["train"] and stage7["val"] == stage6["val"]  # the recipe unchanged
-    assert ship_script().RUNS[weights][-1] == f"options/train/{stem}_photos_stage7.yml"
+
+
+@pytest.mark.parametrize("weights", list(STAGE4))
+def test_stage8_is_stage7s_recipe_from_stage7s_run_and_the_last_stage_shipped(weights):
+    stem = STAGE4[weights][0]
+    stage7, stage8 = assert_chained(weights, stem, "photos_stage7", "photos_stage8")
+    assert stage8["datasets"] == stage7["datasets"] and stage8["network_g"] == stage7["network_g"]
+    assert stage8["train"] == stage7["train"] and stage8["val"] == stage7["val"]  # the recipe unchanged
+    assert ship_script().RUNS[weights][-1] == f"options/train/{stem}_photos_stage8.yml"
 
 
 def test_x2_stage4_is_the_x4_stage6_patch_and_rate_at_x2_after_stage3():
