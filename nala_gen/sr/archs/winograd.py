@@ -8,8 +8,8 @@ matrices have entries 0, +-1 and +-1/2, so results match the direct convolution 
 
 :func:`conv3x3` uses them where they apply, and ``F.conv2d`` everywhere else: float32 CPU tensors outside autograd,
 autocast and tracing (an ONNX export or ``torch.compile`` sees ``conv2d``), 16, 32, 48 or 64 input channels and
-a multiple of 32 output channels (below that oneDNN's kernel was as fast here), and not under a dispatch mode
-(``torch.utils.flop_counter`` counts the direct convolution's FLOPs, the network's own arithmetic).
+a multiple of 32 output channels (a 16-wide output tile of these kernels ran slower than oneDNN's), and not under
+a dispatch mode (``torch.utils.flop_counter`` counts the direct convolution's FLOPs, the network's own arithmetic).
 ``NALA_GEN_WINOGRAD=0`` turns them off.
 """
 
