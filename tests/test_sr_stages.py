@@ -162,21 +162,22 @@ def test_stage6_is_stage5s_data_at_the_papers_patch_from_stage5s_run(weights):
     assert milestones == sorted(milestones) and milestones[-1] < train["total_iter"] == stage6["val"]["val_freq"]
 
 
-@pytest.mark.parametrize("weights", list(STAGE4))
-def test_stage7_is_stage6s_recipe_from_stage6s_run(weights):
-    stem = STAGE4[weights][0]
-    stage6, stage7 = assert_chained(weights, stem, "photos_stage6", "photos_stage7")
-    assert stage7["datasets"] == stage6["datasets"] and stage7["network_g"] == stage6["network_g"]
-    assert stage7["train"] == stage6["train"] and stage7["val"] == stage6["val"]  # the recipe unchanged
+# Stages that repeat stage 6's recipe: (the stage before, the stage), each from the one before's run.
+RECIPE_REPEATS = [("photos_stage6", "photos_stage7"), ("photos_stage7", "photos_stage8")]
 
 
 @pytest.mark.parametrize("weights", list(STAGE4))
-def test_stage8_is_stage7s_recipe_from_stage7s_run_and_the_last_stage_shipped(weights):
-    stem = STAGE4[weights][0]
-    stage7, stage8 = assert_chained(weights, stem, "photos_stage7", "photos_stage8")
-    assert stage8["datasets"] == stage7["datasets"] and stage8["network_g"] == stage7["network_g"]
-    assert stage8["train"] == stage7["train"] and stage8["val"] == stage7["val"]  # the recipe unchanged
-    assert ship_script().RUNS[weights][-1] == f"options/train/{stem}_photos_stage8.yml"
+@pytest.mark.parametrize(("before", "after"), RECIPE_REPEATS)
+def test_a_repeated_stage_is_the_stage_befores_recipe_from_its_run(weights, before, after):
+    first, second = assert_chained(weights, STAGE4[weights][0], before, after)
+    assert second["datasets"] == first["datasets"] and second["network_g"] == first["network_g"]
+    assert second["train"] == first["train"] and second["val"] == first["val"]  # the recipe unchanged
+
+
+@pytest.mark.parametrize("weights", list(STAGE4))
+def test_the_last_repeated_stage_is_the_one_shipped(weights):
+    last = RECIPE_REPEATS[-1][1]
+    assert ship_script().RUNS[weights][-1] == f"options/train/{STAGE4[weights][0]}_{last}.yml"
 
 
 def test_x2_stage4_is_the_x4_stage6_patch_and_rate_at_x2_after_stage3():
