@@ -247,6 +247,55 @@ def test_written_into_a_wider_map_with_an_addend(monkeypatch, case):
     assert torch.allclose(eager_wide, fused_wide, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "case", ["odd-N-rope", "several-tiles", "d-not-multiple-of-8", "fixed-norm-scale"] + list(SOA_CASES)
+)
+def test_key_state_by_runs_then_queries_by_runs_equal_the_whole_attention(monkeypatch, case):
+    """The streamed inference entry (the SR graph's at large maps): key states of disjoint runs of tokens, each
+    with its own RoPE rows, summed, then queries a run at a time through the sum, written with an addend into a
+    strided map, equal the eager path over all tokens at once; a state that does not fit the queries is refused."""
+    c = {**CASES, **SOA_CASES}[case]
+    b, h, n, d, dv = c["b"], c["h"], c["n"], c["d"], c["dv"]
+    torch.manual_seed(1)
+    q, k = (torch.randn(b, h, n, d) * 2 for _ in range(2))
+    v = torch.randn(b, h, n, dv)
+    add = torch.randn(b, h, n, dv)
+    rope = rope_2d(*_grid(n), 2 * d) if c["rope"] else None
+    options = c.get("options", {})
+    monkeypatch.setenv("NALA_GEN_FUSED", "0")
+    with torch.inference_mode():
+        expected = linear_attention(q, k, v, rope=rope, **options) + add
+    monkeypatch.delenv("NALA_GEN_FUSED")
+
+    def rows(start, stop):
+        return None if rope is None else (rope[0][start:stop], rope[1][start:stop])
+
+    cuts = [0, n // 3, n // 3 + 1, n]  # a one-token run among them
+    state = None
+    for start, stop in zip(cuts, cuts[1:]):
+        part, key_max = fused.key_state(k[:, :, start:stop], v[:, :, start:stop], rows(start, stop), **options)
+        assert key_max.shape == (b * h,)
+        state = part if state is None else state + part
+    eps_total = fused_kernel_eps() * n
+    wide = torch.zeros(b, n, h, dv + 2)
+    out = wide[..., :dv].transpose(1, 2)  # (B, h, N, dv), strided
+    for start, stop in ((0, n // 2), (n // 2, n)):
+        piece = out[:, :, start:stop]
+        fused.query_into(
+            q[:, :, start:stop], state, rows(start, stop), eps_total, piece, add[:, :, start:stop], **options
+        )
+    assert (wide[..., dv:] == 0).all()
+    assert ((out - expected).abs().max() / expected.abs().max()) < 1e-5
+    with pytest.raises(RuntimeError, match="state does not fit"):
+        fused.query_into(q, state[1:], rows(0, n), eps_total, torch.empty(b, h, n, dv), **options)
+
+
+def fused_kernel_eps() -> float:
+    from nala_gen.attention.kernels import kernel
+
+    return kernel("nala").denominator_eps
+
+
 def test_out_and_add_follow_torch_semantics_on_every_path(monkeypatch):
     torch.manual_seed(8)
     q, k, v = (torch.randn(1, 2, 30, 16) for _ in range(3))

@@ -167,19 +167,51 @@ def test_transformer_bands_compute_the_whole_maps_function(monkeypatch, rows_per
     assert (plain - graph).abs().max().item() <= TOL
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"gate": False}, {"lepe": False, "rope": False}, {"norm_scale": 2.0}, {"norm_scale": "learned"}, "huge keys"],
+)
+def test_streamed_attention_in_bands_for_every_block_variant(monkeypatch, options):
+    # In float32 bands the NaLa block's attention streams (key_state over the bands, then each band's queries with
+    # the fold's halo rows): every block variant equals the plain forward. Keys too large for the raw key map
+    # as they stand need the whole map's rescaling: the graph attends the whole map instead, to the same result.
+    huge = options == "huge keys"
+    net = NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4, **({} if huge else options))
+    net = trained_looking(net, seed=13)
+    block = net.body.transformer[0].attn.block
+    if huge:
+        with torch.no_grad():
+            block.qkvg.weight[72:144] *= 3e5  # the key rows (C = 72): components far beyond RAW_KEY_LIMIT
+    x = torch.rand(2, 3, 16, 11, generator=torch.Generator().manual_seed(9))
+    transformer = inference_graph(net).body.transformer[0]
+    row_bytes = 2 * 11 * (transformer.x_weight_proj.shape[0] + transformer.h_weight_proj.shape[0]) * 4
+    monkeypatch.setattr(graph_module, "TRANSFORMER_BAND_BYTES", row_bytes * 3)
+    states, whole = [], []
+    key_state, forward = graph_module.HeadGroupedMix.key_state, graph_module.HeadGroupedMix.forward
+    monkeypatch.setattr(graph_module.HeadGroupedMix, "key_state", lambda *a: states.append(key_state(*a)) or states[-1])
+    monkeypatch.setattr(graph_module.HeadGroupedMix, "forward", lambda *a: whole.append(1) or forward(*a))
+    plain, graph = plain_and_graph(net, x)
+    assert len(states) == 1 and (states[0] is None) == huge and len(whole) == huge
+    assert (plain - graph).abs().max().item() <= TOL, (plain - graph).abs().max().item()
+
+
 @pytest.mark.parametrize("autocast", [False, True])
 def test_banded_transformer_projects_convolutions_of_x_not_a_held_attention_input(monkeypatch, autocast):
     # In bands (large maps) the NaLa block's q/k/v and gate are convolutions of x with the reduction composed in:
-    # the mix is handed ConvolvedTokens, never a (B, N, R) map, and computes what the whole-map graph computes
-    # (under bf16 autocast too, within bf16's rounding of the same network).
+    # the block is handed ConvolvedTokens, never a (B, N, R) map (in float32 its attention streams: key_state,
+    # then rows; under bf16 autocast the whole-map mix), and computes what the whole-map graph computes (under
+    # autocast within bf16's rounding of the same network).
     net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=12)
     x = torch.rand(1, 3, 18, 15, generator=torch.Generator().manual_seed(7))
     transformer = inference_graph(net).body.transformer[0]
     seen = []
-    forward = graph_module.HeadGroupedMix.forward
-    monkeypatch.setattr(
-        graph_module.HeadGroupedMix, "forward", lambda mix, t, hw: seen.append(t) or forward(mix, t, hw)
-    )
+    for name in ("forward", "key_state"):
+        method = getattr(graph_module.HeadGroupedMix, name)
+        monkeypatch.setattr(
+            graph_module.HeadGroupedMix,
+            name,
+            lambda mix, t, *args, method=method, name=name: seen.append((name, type(t))) or method(mix, t, *args),
+        )
     with torch.inference_mode():
         reference = net.forward_layers(x)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
@@ -187,7 +219,8 @@ def test_banded_transformer_projects_convolutions_of_x_not_a_held_attention_inpu
             row_bytes = 15 * (transformer.x_weight_proj.shape[0] + transformer.h_weight_proj.shape[0]) * 4
             monkeypatch.setattr(graph_module, "TRANSFORMER_BAND_BYTES", row_bytes * 4)
             banded = inference_graph(net)(x).float()
-    assert isinstance(seen[0], torch.Tensor) and isinstance(seen[1], graph_module.ConvolvedTokens)
+    banded_call = ("forward" if autocast else "key_state", graph_module.ConvolvedTokens)
+    assert seen == [("forward", torch.Tensor), banded_call]
     if autocast:  # bf16's own rounding, no more than the whole-map graph's
         assert (banded - reference).abs().max().item() <= 2 * (whole - reference).abs().max().item()
     else:

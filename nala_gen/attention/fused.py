@@ -163,16 +163,12 @@ def nala_attention(
     head's largest key component from its key pass, and only when one exceeds the limit (rare: trained keys are
     small) does the call run again on the rescaled keys.
     """
-    o = {**NALA_DEFAULTS, **options}
-    key_raw = resolve_key_map(o["key_map"]) == "raw"
-    scale = resolve_angle_scale(o["angle_scale"], q.shape[-1])
-    gamma = _per_head(o["norm_scale"], q.shape[1])
-    lam, tau = o["lam"], o["tau"]
-    empty = torch.empty(0)
-    cos, sin = (empty, empty) if rope is None else (rope[0].float().contiguous(), rope[1].float().contiguous())
     dtype = v.dtype
     q, v = upcast(q), upcast(v)
-    arguments = (cos, sin, gamma, float(lam), float(tau), scale, key_raw, eps_total)
+    arguments = _op_arguments(q.shape[1], q.shape[-1], rope, options)
+    gamma, key_raw = arguments[2], arguments[-1]
+    arguments = (*arguments, eps_total)
+    empty = torch.empty(0)
 
     # Without a gradient to track, the inference entry: it keeps nothing for a backward and, for heads that a vector
     # does not divide (NaLaSR's 18 floats), runs the kernels with the tokens in the lanes.
@@ -190,3 +186,47 @@ def nala_attention(
     if key_raw and bool((key_max > RAW_KEY_LIMIT).any()):  # with out, every row of it is written again
         result, _ = run(safe_keys("nala", k, **options))
     return result if out is not None or result.dtype == dtype else result.to(dtype)
+
+
+def _op_arguments(heads: int, head_dim: int, rope: tuple[Tensor, Tensor] | None, options: dict) -> tuple:
+    """The op's arguments (cos, sin, gamma, lam, tau, angle_scale, key_raw) for ``options`` (the map's, with its
+    defaults)."""
+    o = {**NALA_DEFAULTS, **options}
+    empty = torch.empty(0)
+    cos, sin = (empty, empty) if rope is None else (rope[0].float().contiguous(), rope[1].float().contiguous())
+    key_raw = resolve_key_map(o["key_map"]) == "raw"
+    scale = resolve_angle_scale(o["angle_scale"], head_dim)
+    return cos, sin, _per_head(o["norm_scale"], heads), float(o["lam"]), float(o["tau"]), scale, key_raw
+
+
+def key_state(k: Tensor, v: Tensor, rope: tuple[Tensor, Tensor] | None, **options) -> tuple[Tensor, Tensor]:
+    """The keys' and values' part of the fused op, for some of the tokens (inference only): ``(state, key_max)``.
+
+    The attention over N tokens can then run without holding all of them: the states of disjoint runs of tokens
+    (each with its own rows of the RoPE tables) add up to the state of all of them, and :func:`query_into` maps
+    queries through the sum, a run at a time. ``key_max`` is each (batch, head)'s largest key component: with the
+    raw key map, a value above :data:`~nala_gen.attention.kernels.RAW_KEY_LIMIT` means the keys need rescaling
+    (:func:`~nala_gen.attention.kernels.safe_keys`), which needs them all, so the caller runs the whole op instead.
+
+    k: (B, heads, n, d), v: (B, heads, n, dv), any float dtype (computed in float32); rope: tables for these n
+    tokens or None. Returns a float32 state whose layout is the op's, and key_max (B * heads,)."""
+    arguments = _op_arguments(k.shape[1], k.shape[-1], rope, options)
+    return tuple(_op.key_state(upcast(k), upcast(v), *arguments))
+
+
+def query_into(
+    q: Tensor,
+    state: Tensor,
+    rope: tuple[Tensor, Tensor] | None,
+    eps_total: float,
+    out: Tensor,
+    add: Tensor | None = None,
+    **options,
+) -> Tensor:
+    """The queries' part of the fused op on a :func:`key_state` summed over every key: the attention of q (B,
+    heads, n, d) plus ``add`` written into ``out`` (B, heads, n, dv), as :func:`nala_attention` writes it
+    (:func:`writes_into` must hold). ``rope``: the tables' rows of these n queries; ``eps_total``: the kernel's
+    denominator offset for all N keys; the options as the state's. Returns ``out``."""
+    arguments = _op_arguments(q.shape[1], q.shape[-1], rope, options)
+    _op.query_into(upcast(q), state, *arguments, eps_total, out, torch.empty(0) if add is None else add)
+    return out

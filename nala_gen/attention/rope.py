@@ -19,13 +19,15 @@ def rope_2d(
     dim: int,
     base: float = 10000.0,
     device: torch.device | str | None = None,
+    first_row: int = 0,
 ) -> tuple[Tensor, Tensor]:
-    """Cos and sin tables, each (H*W, dim/2), for features of size ``dim`` (row-major token order)."""
+    """Cos and sin tables, each (H*W, dim/2), for features of size ``dim`` (row-major token order); with
+    ``first_row``, rows ``first_row`` to ``first_row + H - 1`` of a taller grid's (the same rows of its tables)."""
     if dim % 4:
         raise ValueError(f"2-D RoPE needs a feature size divisible by 4, got {dim}")
     quarter = dim // 4
     freqs = base ** (-torch.arange(quarter, dtype=torch.float32, device=device) / quarter)
-    rows = torch.arange(height, dtype=torch.float32, device=device)
+    rows = torch.arange(first_row, first_row + height, dtype=torch.float32, device=device)
     cols = torch.arange(width, dtype=torch.float32, device=device)
     row_angles = torch.outer(rows, freqs)[:, None, :].expand(height, width, quarter)
     col_angles = torch.outer(cols, freqs)[None, :, :].expand(height, width, quarter)

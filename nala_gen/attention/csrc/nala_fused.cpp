@@ -380,35 +380,36 @@ static bool soa_pays(const Kernels& tiles, const Kernels& wide, int d, int dv) {
   return soa * 1.25 <= tile;
 }
 
-// The SoA path of forward_into (nala_soa.inc), with K the widest kernels (the layout pads no head to a vector).
-static at::Tensor forward_into_soa(const Kernels& K, const Problem& P, const at::Tensor& q, const at::Tensor& k,
-                                   const at::Tensor& v, const at::Tensor& cos, const at::Tensor& sin,
-                                   const at::Tensor& out, const at::Tensor& addend) {
-  const bool add = addend.defined() && addend.numel() > 0;
+// The SoA path's RoPE tables by component, (d, n rounded up to a tile): a tile's lanes read one contiguous slice
+// per row. Undefined without RoPE.
+static std::pair<at::Tensor, at::Tensor> soa_tables(const Problem& P, const at::Tensor& cos, const at::Tensor& sin,
+                                                    int64_t n) {
+  if (!P.rope) return {};
+  const int64_t tab = (n + kSoaTile - 1) / kSoaTile * kSoaTile;
+  at::Tensor cos_t = at::zeros({P.spec.d, tab}, cos.options()), sin_t = at::zeros({P.spec.d, tab}, sin.options());
+  const int64_t rows = std::min<int64_t>(cos.size(0), tab);
+  cos_t.narrow(1, 0, rows).copy_(cos.narrow(0, 0, rows).t());
+  sin_t.narrow(1, 0, rows).copy_(sin.narrow(0, 0, rows).t());
+  return {cos_t, sin_t};
+}
+
+// The SoA path's key pass (nala_soa.inc), with K the widest kernels (the layout pads no head to a vector):
+// {state (BH, Fp * DVq + Fp), key_max (BH,)}, items head-fastest as in key_pass.
+static std::pair<at::Tensor, at::Tensor> soa_key_pass(const Kernels& K, const Problem& P, const at::Tensor& k,
+                                                      const at::Tensor& v, const at::Tensor& cos_t,
+                                                      const at::Tensor& sin_t) {
   const int d = P.spec.d, dv = P.dv, W = K.width, TT = kSoaTile;
   const int Fp = round_up(2 * d, K.soa_fb), DVq = round_up(dv, K.soa_jb);
-  // RoPE tables by component, (d, tokens rounded up to a tile): a tile's lanes read one contiguous slice per row.
-  at::Tensor cos_t, sin_t;
-  int64_t tab = 0;
-  if (P.rope) {
-    tab = (std::max(P.Nq, P.Nk) + TT - 1) / TT * TT;
-    cos_t = at::zeros({d, tab}, q.options());
-    sin_t = at::zeros({d, tab}, q.options());
-    const int64_t rows = std::min<int64_t>(cos.size(0), tab);
-    cos_t.narrow(1, 0, rows).copy_(cos.narrow(0, 0, rows).t());
-    sin_t.narrow(1, 0, rows).copy_(sin.narrow(0, 0, rows).t());
-  }
   const float* cos_p = P.rope ? cos_t.data_ptr<float>() : nullptr;
   const float* sin_p = P.rope ? sin_t.data_ptr<float>() : nullptr;
+  const int64_t tab = P.rope ? cos_t.size(1) : 0;
   const auto make = [=] { return SoaScratch(d, Fp, DVq, TT); };
-
-  // Key pass: lane-wise sums of KV (Fp x DVq), z (Fp) and the largest |key| per (batch, head) and group of tiles,
-  // items head-fastest as in key_pass.
+  // Lane-wise sums of KV (Fp x DVq), z (Fp) and the largest |key| per (batch, head) and group of tiles.
   const Rows kr(k), vr(v);
   const int64_t k_tiles = (P.Nk + TT - 1) / TT;
   const int64_t groups = group_count(P.BH, k_tiles);
   const int64_t kv_size = (int64_t)Fp * DVq, lanes = (kv_size + Fp + 1) * W;
-  at::Tensor partial = at::zeros({P.BH * groups, lanes}, q.options());
+  at::Tensor partial = at::zeros({P.BH * groups, lanes}, k.options());
   float* partial_p = partial.data_ptr<float>();
   for_each_item(P.BH * groups, make, [&](int64_t item, SoaScratch& s) {
     const int64_t bh = item % P.BH, g = item / P.BH;
@@ -422,8 +423,8 @@ static at::Tensor forward_into_soa(const Kernels& K, const Problem& P, const at:
     }
   });
   // Groups and lanes summed in an order fixed by the shape (the bits do not depend on the thread count).
-  at::Tensor state = at::empty({P.BH, kv_size + Fp}, q.options());
-  at::Tensor key_max = at::empty({P.BH}, q.options());
+  at::Tensor state = at::empty({P.BH, kv_size + Fp}, k.options());
+  at::Tensor key_max = at::empty({P.BH}, k.options());
   float* state_p = state.data_ptr<float>();
   float* key_max_p = key_max.data_ptr<float>();
   for (int64_t bh = 0; bh < P.BH; ++bh) {
@@ -442,8 +443,23 @@ static at::Tensor forward_into_soa(const Kernels& K, const Problem& P, const at:
     }
     key_max_p[bh] = top;
   }
+  return {state, key_max};
+}
 
-  // Query pass: all heads of a tile per item when there are tiles enough (as query_pass, for the same reasons).
+// The SoA path's query pass: all heads of a tile per item when there are tiles enough (as query_pass, for the same
+// reasons).
+static void soa_query_pass(const Kernels& K, const Problem& P, const at::Tensor& q, const at::Tensor& state,
+                           const at::Tensor& cos_t, const at::Tensor& sin_t, const at::Tensor& out,
+                           const at::Tensor& addend) {
+  const bool add = addend.defined() && addend.numel() > 0;
+  const int d = P.spec.d, dv = P.dv, TT = kSoaTile;
+  const int Fp = round_up(2 * d, K.soa_fb), DVq = round_up(dv, K.soa_jb);
+  const int64_t kv_size = (int64_t)Fp * DVq;
+  const float* cos_p = P.rope ? cos_t.data_ptr<float>() : nullptr;
+  const float* sin_p = P.rope ? sin_t.data_ptr<float>() : nullptr;
+  const int64_t tab = P.rope ? cos_t.size(1) : 0;
+  const auto make = [=] { return SoaScratch(d, Fp, DVq, TT); };
+  const float* state_p = state.data_ptr<float>();
   const Rows qr(q), outr(out);
   const Rows addr(add ? addend : out);  // read only when add
   const int64_t q_tiles = (P.Nq + TT - 1) / TT;
@@ -460,7 +476,21 @@ static at::Tensor forward_into_soa(const Kernels& K, const Problem& P, const at:
                        addr.stride_n, s.xT, s.phiT, s.rT, s.vT);
     }
   });
-  return key_max;
+}
+
+// The kernels forward_into, key_state and query_into run for heads of d floats and values of dv (the SoA layout's
+// widest ones, or the tiles' for d and dv), and whether they are the SoA layout's.
+static std::pair<const Kernels*, bool> inference_kernels(int d, int dv) {
+  const Kernels& tiles = kernels(d, dv);
+  const Kernels& wide = kernels();
+  const bool soa = soa_pays(tiles, wide, d, dv);
+  return {soa ? &wide : &tiles, soa};
+}
+
+static void check_written(const at::Tensor& t, const std::vector<int64_t>& shape) {
+  TORCH_CHECK(t.dim() == 4 && t.sizes() == at::IntArrayRef(shape) && t.scalar_type() == at::kFloat &&
+                  t.device().is_cpu() && t.stride(3) == 1,
+              "out and addend must be float32 CPU tensors (B, heads, N_q, dv) with a contiguous last dimension");
 }
 
 // Inference: forward's output, plus `addend` when it is defined, written into `out` (B, heads, N_q, dv) of any
@@ -471,24 +501,63 @@ at::Tensor forward_into(const at::Tensor& q_in, const at::Tensor& k_in, const at
                         const at::Tensor& sin, const at::Tensor& gamma, double lam, double tau, double angle_scale,
                         bool key_raw, double eps_total, at::Tensor out, const at::Tensor& addend) {
   const at::Tensor q = last_dim_contiguous(q_in), k = last_dim_contiguous(k_in), v = last_dim_contiguous(v_in);
-  const int d = (int)q.size(3), dv = (int)v.size(3);
-  const Kernels& tiles = kernels(d, dv);
-  const Kernels& wide = kernels();
-  const bool soa = soa_pays(tiles, wide, d, dv);
-  const Kernels& K = soa ? wide : tiles;
-  const Problem P = make_problem(K.width, q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
+  const auto [K, soa] = inference_kernels((int)q.size(3), (int)v.size(3));
+  const Problem P = make_problem(K->width, q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
   const std::vector<int64_t> shape = {q.size(0), q.size(1), q.size(2), v.size(3)};
-  const auto check = [&shape](const at::Tensor& t) {
-    TORCH_CHECK(t.dim() == 4 && t.sizes() == at::IntArrayRef(shape) && t.scalar_type() == at::kFloat &&
-                    t.device().is_cpu() && t.stride(3) == 1,
-                "out and addend must be float32 CPU tensors (B, heads, N_q, dv) with a contiguous last dimension");
-  };
-  check(out);
-  if (addend.defined() && addend.numel() > 0) check(addend);
-  if (soa) return forward_into_soa(K, P, q, k, v, cos, sin, out, addend);
-  auto [kv_state, key_max] = key_pass(K, P, k, v);
-  query_pass(K, P, q, kv_state, out, addend, nullptr);
+  check_written(out, shape);
+  if (addend.defined() && addend.numel() > 0) check_written(addend, shape);
+  if (soa) {
+    const auto [cos_t, sin_t] = soa_tables(P, cos, sin, std::max(P.Nq, P.Nk));
+    auto [state, key_max] = soa_key_pass(*K, P, k, v, cos_t, sin_t);
+    soa_query_pass(*K, P, q, state, cos_t, sin_t, out, addend);
+    return key_max;
+  }
+  auto [kv_state, key_max] = key_pass(*K, P, k, v);
+  query_pass(*K, P, q, kv_state, out, addend, nullptr);
   return key_max;
+}
+
+// forward_into's key pass alone, over some of the keys: {state, key_max}. The states of disjoint runs of keys add
+// up (float rounding aside) to the state of all of them, which query_into reads: attention over more tokens than
+// are held at once. The RoPE tables are the keys' own rows; the state's layout is the kernels' (opaque).
+std::vector<at::Tensor> key_state(const at::Tensor& k_in, const at::Tensor& v_in, const at::Tensor& cos,
+                                  const at::Tensor& sin, const at::Tensor& gamma, double lam, double tau,
+                                  double angle_scale, bool key_raw) {
+  const at::Tensor k = last_dim_contiguous(k_in), v = last_dim_contiguous(v_in);
+  const auto [K, soa] = inference_kernels((int)k.size(3), (int)v.size(3));
+  const Problem P = make_problem(K->width, k, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, 0.0);
+  if (soa) {
+    const auto [cos_t, sin_t] = soa_tables(P, cos, sin, P.Nk);
+    auto [state, key_max] = soa_key_pass(*K, P, k, v, cos_t, sin_t);
+    return {state, key_max};
+  }
+  auto [state, key_max] = key_pass(*K, P, k, v);
+  return {state, key_max};
+}
+
+// forward_into's query pass alone, on a key_state (summed over every key): out (B, heads, N_q, dv) = the
+// attention of each query, plus `addend` when it is not empty; eps_total is the denominator's offset for all the
+// keys. The RoPE tables are the queries' own rows.
+void query_into(const at::Tensor& q_in, const at::Tensor& state, const at::Tensor& cos, const at::Tensor& sin,
+                const at::Tensor& gamma, double lam, double tau, double angle_scale, bool key_raw, double eps_total,
+                at::Tensor out, const at::Tensor& addend) {
+  const at::Tensor q = last_dim_contiguous(q_in);
+  const std::vector<int64_t> shape = {q.size(0), q.size(1), q.size(2), out.size(3)};
+  check_written(out, shape);
+  if (addend.defined() && addend.numel() > 0) check_written(addend, shape);
+  const auto [K, soa] = inference_kernels((int)q.size(3), (int)out.size(3));
+  const Problem P = make_problem(K->width, q, q, out, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total);
+  const int64_t size = soa ? (int64_t)round_up(2 * P.spec.d, K->soa_fb) * (round_up(P.dv, K->soa_jb) + 1)
+                           : (int64_t)P.F * P.DVp + P.F;
+  TORCH_CHECK(state.is_contiguous() && state.scalar_type() == at::kFloat && state.dim() == 2 &&
+                  state.size(0) == P.BH && state.size(1) == size,
+              "the state does not fit these queries: make it with key_state for the same heads and sizes");
+  if (soa) {
+    const auto [cos_t, sin_t] = soa_tables(P, cos, sin, P.Nq);
+    soa_query_pass(*K, P, q, state, cos_t, sin_t, out, addend);
+    return;
+  }
+  query_pass(*K, P, q, state, out, addend, nullptr);
 }
 
 // Gradients of forward's output. `state` is forward's KV/z; `den` its clamped denominators.
@@ -609,6 +678,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("forward_into", &nala_fused::forward_into, "key_max = forward_into(q, k, v, cos, sin, gamma, lam, tau, "
                                                    "angle_scale, key_raw, eps_total, out, addend): inference, "
                                                    "out = attention + addend (addend may be empty)");
+  m.def("key_state", &nala_fused::key_state, "state, key_max = key_state(k, v, cos, sin, gamma, lam, tau, "
+                                             "angle_scale, key_raw): forward_into's key pass alone");
+  m.def("query_into", &nala_fused::query_into, "query_into(q, state, cos, sin, gamma, lam, tau, angle_scale, "
+                                               "key_raw, eps_total, out, addend): its query pass on a summed state");
   m.def("backward", &nala_fused::backward, "gq, gk, gv, ggamma = backward(grad, q, k, v, cos, sin, gamma, out, den, "
                                            "state, lam, tau, angle_scale, key_raw, eps_total)");
   m.def("isa", &nala_fused::isa, "the instruction set the kernels were dispatched to");

@@ -21,7 +21,9 @@ Made by :func:`inference_graph` from a trained network in well under a second (n
   block a group of heads at a time where its q/k/v would be large (:class:`HeadGroupedMix`), its attention and
   LePE written into the output by one pass of the fused op.
   Every per-token Linear runs as a 1x1 convolution of the tokens' channels-last map (oneDNN's kernels, about
-  twice as fast as the GEMM here).
+  twice as fast as the GEMM here). On large maps (more than one band of rows, see ``TRANSFORMER_BAND_BYTES``) the
+  attention streams: its key state is summed band by band, then each band's queries, LePE, norm and gate are made
+  as the fold takes them (:meth:`HeadGroupedMix.rows`), so neither q/k/v nor the attention's output is ever whole.
 * **No concatenations, scalars folded** (:class:`FoldedARFB`, :class:`FoldedHPB`, :class:`FoldedBody`): a 1x1
   fusion of a concatenation is a sum of 1x1 convs of its parts, and a part that is itself ``conv(h) + s * x1``
   takes the fusion into that conv; the HPB's fusion of the upsampled pooled branch runs before the (linear,
@@ -48,8 +50,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nala_gen.attention import NaLaAttention, linear_attention, map_to_tokens, tokens_to_map
+from nala_gen.attention import NaLaAttention, fused, linear_attention, map_to_tokens, tokens_to_map
 from nala_gen.attention.fused import tracing
+from nala_gen.attention.kernels import RAW_KEY_LIMIT, resolve_key_map
+from nala_gen.attention.kernels import kernel as kernel_spec
+from nala_gen.attention.rope import rope_2d
 
 from . import winograd
 from .esrt_arch import ESRTLayout, upsample_to
@@ -60,12 +65,14 @@ Tensor = torch.Tensor
 REACH_PROBES = (3, 6, 12)  # max_radius tried in turn by ComposedUpsampler
 # A head group's q/k/v projection is kept within this many bytes (HeadGroupedMix): at 1 MP out at x4 (62,500 tokens
 # of NaLaSR-light, 108 MB for all eight heads) two groups of four: as fast as one group there, with a lower peak
-# (docs/results/peers.md); at 4 MP one head at a time.
+# (docs/results/peers.md). Larger maps stream the attention in bands instead (see TRANSFORMER_BAND_BYTES).
 QKV_GROUP_BYTES = 64 * 2**20
 # The transformer runs its token maps around the attention in bands of whole LR rows whose widest temporaries stay
 # within this many bytes (ComposedTransformer): one band at 1 MP out at x4 (250 rows of 250 px), four at 4 MP, where
-# the whole maps (144 to 160 floats per LR pixel each, three or four held at once) were the pass's peak. What is
-# held whole is then the attention's input and output and one head group's q/k/v.
+# the whole maps (144 to 160 floats per LR pixel each, three or four held at once) were the pass's peak. With more
+# than one band the NaLa block's attention streams too (HeadGroupedMix.key_state, .rows): what is held whole is x
+# and per-token scalars. At 1 MP the whole-map attention (one band) ran about a tenth faster than two bands
+# streamed; at 4 MP four streamed bands ran about a twentieth faster than the whole-map attention a head at a time.
 TRANSFORMER_BAND_BYTES = 96 * 2**20
 
 
@@ -292,8 +299,11 @@ class HeadGroupedMix(nn.Module):
     pass of the fused op (``linear_attention(..., out=, add=)``). The groups are as few as keep a group's q/k/v
     within ``QKV_GROUP_BYTES``: two at NaLaSR-light's 1 MP out, more at larger inputs, where all three at full
     width would be most of the network's memory (fewer, larger convolutions and op calls run faster, down to
-    groups of this size). Then
-    the gate, over all channels, as in the block.
+    groups of this size). Then the gate, over all channels, as in the block.
+
+    On maps the transformer runs in bands it streams instead (:meth:`streams`): :meth:`key_state` sums the
+    attention's key state over all tokens a band at a time, then :meth:`rows` makes any band's output (queries
+    through that state, LePE, norm, gate) as the fold needs it.
 
     Args:
         block: a trained :class:`~nala_gen.attention.NaLaAttention` (shared, in eval mode).
@@ -319,6 +329,11 @@ class HeadGroupedMix(nn.Module):
         if block.out_norm is not None:
             self.register_buffer("gate_weight", weight[3 * c :, :, None, None].clone(), persistent=False)
             self.register_buffer("gate_bias", bias[3 * c :].clone(), persistent=False)
+        # the streamed attention's projections (key_state, rows): [k | v] for the keys' pass, q for a band's queries
+        self.register_buffer("kv_weight", weight[c : 3 * c, :, None, None].clone(), persistent=False)
+        self.register_buffer("kv_bias", bias[c : 3 * c].clone(), persistent=False)
+        self.register_buffer("q_weight", weight[:c, :, None, None].clone(), persistent=False)
+        self.register_buffer("q_bias", bias[:c].clone(), persistent=False)
 
     def groups(self, tokens: int, itemsize: int) -> int:
         """The fewest head groups (a divisor of the heads) whose q/k/v projection of ``tokens`` (batch included)
@@ -327,6 +342,82 @@ class HeadGroupedMix(nn.Module):
         per_head = tokens * 3 * self.head_dim * itemsize
         fitting = (g for g in range(1, heads + 1) if heads % g == 0 and per_head * (heads // g) <= QKV_GROUP_BYTES)
         return next(fitting, heads)
+
+    def streams(self, x: Tensor | ConvolvedTokens) -> bool:
+        """Whether the block's attention can run a band of rows at a time on ``x`` (:meth:`key_state`, then
+        :meth:`rows`): the fused op's inference path, float32 on a CPU (no autocast), with no gradient and no
+        tracer."""
+        block = self.block
+        return (
+            block.kernel == "nala"
+            and fused.enabled()
+            and not tracing()
+            and not torch.is_grad_enabled()
+            and fused.OPTIONS.issuperset(block.kernel_options)
+            and x.dtype == torch.float32
+            and x.device.type == "cpu"
+            and not torch.is_autocast_enabled("cpu")
+        )
+
+    def _options(self) -> dict:
+        """The kernel's options with the block's per-head norm scale (when it has one)."""
+        block = self.block
+        if block.log_norm_scale is None:
+            return block.kernel_options
+        return {**block.kernel_options, "norm_scale": block.log_norm_scale.exp()}
+
+    def _rope_rows(self, start: int, stop: int, width: int, device: torch.device) -> tuple[Tensor, Tensor] | None:
+        """The RoPE tables of grid rows [start, stop) (the whole grid's rows, not the whole grid's tables)."""
+        dim = self.block.rope_dim
+        return None if dim is None else rope_2d(stop - start, width, dim, device=device, first_row=start)
+
+    def key_state(self, x: Tensor | ConvolvedTokens, hw: tuple[int, int], bands) -> Tensor | None:
+        """The attention's key state over all of x's tokens (:func:`~nala_gen.attention.fused.key_state`), summed
+        band by band (``bands`` of rows ``[start, stop)`` covering the grid): only one band's k and v are made at a
+        time. None when a key is too large for the raw key map as it stands (rare): the rescaling that needs
+        takes all the keys at once, so the caller attends the whole map instead."""
+        width, c, heads, d = hw[1], x.shape[-1], self.block.num_heads, self.head_dim
+        options, state = self._options(), None
+        raw_keys = resolve_key_map(options.get("key_map")) == "raw"
+        for start, stop in bands:
+            kv = _project(x, hw, self.kv_weight, self.kv_bias, (start, stop))  # (B, n, 2C): [k | v]
+            k, v = (part.unflatten(-1, (heads, d)).transpose(1, 2) for part in kv.split(c, -1))  # (B, h, n, d)
+            part, key_max = fused.key_state(k, v, self._rope_rows(start, stop, width, x.device), **options)
+            if raw_keys and bool((key_max > RAW_KEY_LIMIT).any()):
+                return None
+            state = part if state is None else state.add_(part)
+        return state
+
+    def rows(self, x: Tensor | ConvolvedTokens, hw: tuple[int, int], state: Tensor, start: int, stop: int) -> Tensor:
+        """The block's output before its projection for the tokens of rows [start, stop) -> (B, n, C): their
+        queries through ``state`` (:meth:`key_state` of all tokens), plus LePE (from v on those rows and the
+        kernel's reach beyond them), the norm and the gate."""
+        block, b, (height, width) = self.block, x.shape[0], hw
+        c, heads, d = x.shape[-1], block.num_heads, self.head_dim
+        q = _project(x, hw, self.q_weight, self.q_bias, (start, stop))  # (B, n, C)
+        n = q.shape[1]
+        out = torch.empty(b, n, c, dtype=q.dtype, device=q.device)
+        local = None
+        if block.lepe is not None:
+            lepe, reach = block.lepe, block.lepe.padding[0]
+            first, last = max(start - reach, 0), min(stop + reach, height)
+            v_map = tokens_to_map(_project(x, hw, self.v_weight, self.v_bias, (first, last)), (last - first, width))
+            local = F.conv2d(v_map, lepe.weight, lepe.bias, padding=lepe.padding, groups=c)
+            local = map_to_tokens(local[..., start - first : stop - first, :]).unflatten(-1, (heads, d)).transpose(1, 2)
+        eps_total = kernel_spec(block.kernel).denominator_eps * height * width
+        fused.query_into(
+            q.unflatten(-1, (heads, d)).transpose(1, 2),
+            state,
+            self._rope_rows(start, stop, width, q.device),
+            eps_total,
+            out.unflatten(-1, (heads, d)).transpose(1, 2),
+            local,
+            **self._options(),
+        )
+        if block.out_norm is None:
+            return out
+        gate = _project(x, hw, self.gate_weight, self.gate_bias, (start, stop))
+        return block.out_norm(out).mul_(F.silu(gate, inplace=True))
 
     def forward(self, x: Tensor | ConvolvedTokens, hw: tuple[int, int]) -> Tensor:
         """x: (B, N, C) tokens of an H x W grid (or the :class:`ConvolvedTokens` they would be) -> (B, N, C), the
@@ -510,18 +601,33 @@ class ComposedTransformer(nn.Module):
                 reduced[:, tokens], sums[:, tokens] = band, band_sums
                 del band, band_sums
         del square_sum
-        h = self.mix(reduced, (height, width))  # (B, N, R)
-        del reduced
-        if len(bands) == 1:
-            out = self._fold_band(x, h, sums, 0, None)
-        else:
-            out = None
-            for start, stop in bands:
-                band = self._fold_band(x, h, sums, start, stop)
+        hw = (height, width)
+        # Large maps: the attention's key state band by band, then its output a band (and halo) at a time as the
+        # fold takes it, so the (B, N, R) output is never whole either; else the whole output, then the bands.
+        state = None
+        if len(bands) > 1 and isinstance(self.mix, HeadGroupedMix) and self.mix.streams(reduced):
+            state = self.mix.key_state(reduced, hw, bands)
+        h = None
+        if state is None:
+            h = self.mix(reduced, hw)  # (B, N, R)
+            reduced = None  # the fold needs only h from here on
+        out = None
+        for start, stop in bands:
+            first, last = _fold_rows(start, stop, height)
+            if h is None:
+                band_h = self.mix.rows(reduced, hw, state, first, last)
+            else:
+                band_h = h if stop is None else h[:, first * width : last * width]
+            band = self._fold_band(x, band_h, sums, start, stop)
+            del band_h
+            if stop is None:
+                out = band
+            else:
                 if out is None:
                     out = torch.empty_like(x, dtype=band.dtype)
                 out[..., start:stop, :] = band
-                del band
+            del band
+        del reduced, h
         return self._add_fold_edges(out.add_(x, alpha=9), x)
 
     @staticmethod
@@ -545,18 +651,16 @@ class ComposedTransformer(nn.Module):
 
     def _fold_band(self, x: Tensor, h: Tensor, sums: Tensor, start: int, stop: int | None) -> Tensor:
         """Rows [start, stop) (``stop`` None: the whole map) of ``fold(b) - count * x``, (B, C, stop - start, W)
-        channels-last; ``h`` (B, N, R) the attention's output, ``sums`` each token's [sum T | sum T^2]."""
+        channels-last; ``h`` (B, n, R) the attention's output on rows :func:`_fold_rows` (the band and the rows
+        the fold reads beyond it), ``sums`` each token's [sum T | sum T^2] (B, N, 2) of the whole map."""
         b, _, height, width = x.shape
         d, r = self.dim, self.reduced
+        first, last = _fold_rows(start, stop, height)
         if stop is None:  # the whole map
-            first, part, rows, hw = 0, x, slice(None), (height, width)
+            part, rows, hw = x, slice(None), (height, width)
         else:
-            # The fold of rows [start, stop) reads h and z one row beyond them; z's LN2 statistics, convolutions of
-            # x one row beyond those.
-            first, last = max(start - 1, 0), min(stop + 1, height)
             part, rows = _rows_with_halo(x, first, last, 1)
-            tokens, hw = slice(first * width, last * width), (last - first, width)
-            h, sums = h[:, tokens], sums[:, tokens]
+            sums, hw = sums[:, first * width : last * width], (last - first, width)
         conv = self._tokens(winograd.conv3x3(part, self.x_weight_proj, packed=self.x_packed_proj)[..., rows, :])
         lin = _pointwise(h, hw, self.h_weight_proj)  # (B, n, R + 2 + pad)
         mean_a = (sums[..., :1] + lin[..., r : r + 1] + self.proj_bias_sum) / d
@@ -592,6 +696,12 @@ class ComposedTransformer(nn.Module):
                 region = out[..., rows, cols]
                 region.add_(x[..., rows, cols], alpha=missing).add_(bias[:, row, col, None, None])
         return out
+
+
+def _fold_rows(start: int, stop: int | None, height: int) -> tuple[int, int]:
+    """The rows of h the fold of rows [start, stop) reads (``stop`` None: the whole map): one beyond each side
+    (within the map). z's LN2 statistics, convolutions of x, read one row beyond those (a halo of x)."""
+    return (0, height) if stop is None else (max(start - 1, 0), min(stop + 1, height))
 
 
 def _fold_positions(size: int) -> list[tuple[int, slice, int]]:
