@@ -74,6 +74,10 @@ QKV_GROUP_BYTES = 64 * 2**20
 # and per-token scalars. At 1 MP the whole-map attention (one band) ran about a tenth faster than two bands
 # streamed; at 4 MP four streamed bands ran about a twentieth faster than the whole-map attention a head at a time.
 TRANSFORMER_BAND_BYTES = 96 * 2**20
+# Where the attention streams, its bands are smaller: each holds its q, v (with LePE's halo), the attention's output,
+# its norm and gate beside the fold's temporaries. At 4 MP out eight bands instead of four had a lower live peak
+# (282 vs 311 MiB, then the body's) at the same speed.
+STREAMED_BAND_BYTES = 48 * 2**20
 
 
 def _impulse_response(chain: nn.Module, in_ch: int, scale: int, probe: int) -> tuple[Tensor, Tensor]:
@@ -206,13 +210,14 @@ def _padded_rows(weight: Tensor, multiple: int = 16) -> Tensor:
     return torch.cat([weight, weight.new_zeros(extra, *weight.shape[1:])]) if extra else weight
 
 
-def _row_bands(height: int, row_bytes: int) -> list[tuple[int, int | None]]:
+def _row_bands(height: int, row_bytes: int, budget: int | None = None) -> list[tuple[int, int | None]]:
     """Bands ``[start, stop)`` of whole rows covering ``height`` rows, as few as keep a band's temporaries
-    (``row_bytes`` per row) within ``TRANSFORMER_BAND_BYTES``, of near-equal heights; ``[(0, None)]``, the whole
-    map, where one band holds it, and while the graph is traced (export to ONNX: sizes are symbols there)."""
+    (``row_bytes`` per row) within ``budget`` bytes (default ``TRANSFORMER_BAND_BYTES``), of near-equal heights;
+    ``[(0, None)]``, the whole map, where one band holds it, and while the graph is traced (export to ONNX: sizes
+    are symbols there)."""
     if tracing():
         return [(0, None)]
-    count = min(-(-height * row_bytes // TRANSFORMER_BAND_BYTES), height)
+    count = min(-(-height * row_bytes // (budget or TRANSFORMER_BAND_BYTES)), height)
     if count <= 1:
         return [(0, None)]
     edges = [round(i * height / count) for i in range(count + 1)]
@@ -578,7 +583,8 @@ class ComposedTransformer(nn.Module):
         convolutions of x (:class:`ConvolvedTokens`)."""
         b, _, height, width = x.shape
         # a band's widest temporaries per row: a convolution of x and a Linear on h, each R + 1 or 2 (+ pad) wide
-        bands = _row_bands(height, b * width * (self.x_weight_proj.shape[0] + self.h_weight_proj.shape[0]) * 4)
+        row_bytes = b * width * (self.x_weight_proj.shape[0] + self.h_weight_proj.shape[0]) * 4
+        bands = _row_bands(height, row_bytes)
         square_sum = x.square().sum(1, keepdim=True)  # (B, 1, H, W): per pixel, for sum T^2
         # the attention's input (B, N, R), and each token's [sum T | sum T^2] (B, N, 2), kept for LN2
         if len(bands) == 1:
@@ -606,6 +612,7 @@ class ComposedTransformer(nn.Module):
         # fold takes it, so the (B, N, R) output is never whole either; else the whole output, then the bands.
         state = None
         if len(bands) > 1 and isinstance(self.mix, HeadGroupedMix) and self.mix.streams(reduced):
+            bands = _row_bands(height, row_bytes, min(STREAMED_BAND_BYTES, TRANSFORMER_BAND_BYTES))  # still several
             state = self.mix.key_state(reduced, hw, bands)
         h = None
         if state is None:
