@@ -853,9 +853,15 @@ class FoldedARFB(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C, H, W) -> (B, C, H, W)."""
         x1 = self.ru1(x)
-        fused = winograd.conv3x3(self.ru2_hidden(x1), self.hidden_weight, self.hidden_bias, self.hidden_packed)
-        fused = fused.add_(F.conv2d(x1, self.x1_weight)).relu_()
+        # x1's hidden map, then its 1x1 part, so that x1 is gone before the 3x3 conv's output is made: at most x, the
+        # part, the (half-width) hidden map and the output are held, not x, x1, the output and the part
+        hidden = self.ru2_hidden(x1)
+        part = F.conv2d(x1, self.x1_weight)
         del x1
+        fused = winograd.conv3x3(hidden, self.hidden_weight, self.hidden_bias, self.hidden_packed)
+        del hidden
+        fused = fused.add_(part).relu_()
+        del part
         gate = self.attention.gate(fused)  # (B, C, 1, 1): the channel attention's per-channel weights
         if fused.shape[0] == 1:  # they scale the conv's input channels: fold them into its small weight, not the map
             conv = self.gated
