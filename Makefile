@@ -99,7 +99,7 @@ bench: $(STAMP)
 		OMP_NUM_THREADS=1 $(BIN)/nala-gen quality -m $$m --per-class 100 --cfg 2 --json benchmarks/results/digits_quality.json || exit 1; done
 	$(BIN)/python scripts/results_tables.py --write  # docs/results/tables/*.md and the README's headline table
 
-# The shipped SR weights: CPU trainings in stages (x4: two on the embedded set, six on the photo set; x2: one on the
+# The shipped SR weights: CPU trainings in stages (x4: two on the embedded set, seven on the photo set; x2: one on the
 # embedded set, four on the photo set; resumable), then export and evaluation.
 SR_RUNS := NaLaSR/train_NaLaSR_light_x4_mini NaLaSR/train_NaLaSR_light_x4_mini_ft ESRT/train_ESRT_x4_mini \
 	ESRT/train_ESRT_x4_mini_ft NaLaSR/train_NaLaSR_light_x2_mini \
@@ -108,7 +108,8 @@ SR_RUNS := NaLaSR/train_NaLaSR_light_x4_mini NaLaSR/train_NaLaSR_light_x4_mini_f
 	NaLaSR/train_NaLaSR_light_x4_photos_stage5 ESRT/train_ESRT_x4_photos_stage5 \
 	NaLaSR/train_NaLaSR_light_x4_photos_stage6 ESRT/train_ESRT_x4_photos_stage6 NaLaSR/train_NaLaSR_light_x2_photos_stage4 \
 	NaLaSR/train_NaLaSR_light_x2_photos_stage5 NaLaSR/train_NaLaSR_light_x4_photos_stage7 ESRT/train_ESRT_x4_photos_stage7 \
-	NaLaSR/train_NaLaSR_light_x4_photos_stage8 ESRT/train_ESRT_x4_photos_stage8
+	NaLaSR/train_NaLaSR_light_x4_photos_stage8 ESRT/train_ESRT_x4_photos_stage8 \
+	NaLaSR/train_NaLaSR_light_x4_photos_stage9
 weights-sr: $(STAMP)
 	test -d datasets/mini || $(BIN)/nala-sr prepare mini
 	test -d datasets/photos || $(BIN)/nala-sr prepare photos --install  # Debian's wallpaper packages (root)

@@ -65,9 +65,14 @@ STAGE_8 = (
     "stopped to free the CPU for shipping, after its iteration-2,500 save, which is what ships (the end-of-run save "
     "would hold the same weights)"
 )
+STAGE_9 = (
+    "; stage 9 (stage 6's recipe) ran beside the other x4 network's stage 9, one thread each, from stage 8's run in "
+    "this checkout, over two sessions (resumed from its checkpoint at 2,000 iterations), stopped (SIGSTOP) for about "
+    "15 minutes of timings and beside builds and tests of issue 39; it shipped before ESRT's stage 9 had finished"
+)
 RUN_NOTES = {
     "nalasr-light-x4": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
-    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7 + STAGE_8,
+    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7 + STAGE_8 + STAGE_9,
     "esrt-x4": "stage 1 ran beside the nalasr-light-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
     "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7 + STAGE_8,
     "nalasr-light-x2": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + "; stage 2 ran with two threads "
@@ -93,6 +98,7 @@ RUNS = {
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage6.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage7.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage8.yml",
+        "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage9.yml",
     ],
     "esrt-x4": [
         "options/train/ESRT/train_ESRT_x4_mini.yml",
@@ -103,6 +109,7 @@ RUNS = {
         "options/train/ESRT/train_ESRT_x4_photos_stage6.yml",
         "options/train/ESRT/train_ESRT_x4_photos_stage7.yml",
         "options/train/ESRT/train_ESRT_x4_photos_stage8.yml",
+        # stage 9 (train_ESRT_x4_photos_stage9.yml) was still training when NaLaSR's stage 9 shipped (issue 38)
     ],
     "nalasr-light-x2": [
         "options/train/NaLaSR/train_NaLaSR_light_x2_mini.yml",

@@ -163,21 +163,37 @@ def test_stage6_is_stage5s_data_at_the_papers_patch_from_stage5s_run(weights):
 
 
 # Stages that repeat stage 6's recipe: (the stage before, the stage), each from the one before's run.
-RECIPE_REPEATS = [("photos_stage6", "photos_stage7"), ("photos_stage7", "photos_stage8")]
+RECIPE_REPEATS = [
+    ("photos_stage6", "photos_stage7"),
+    ("photos_stage7", "photos_stage8"),
+    ("photos_stage8", "photos_stage9"),
+]
+# The last stage each x4 network has shipped (NaLaSR's stage 9 shipped while ESRT's stage 9 was still training).
+LAST_SHIPPED = {"nalasr-light-x4": "photos_stage9", "esrt-x4": "photos_stage8"}
+
+
+def shipped(weights: str, stage: str) -> bool:
+    order = [after for _, after in RECIPE_REPEATS]
+    return order.index(stage) <= order.index(LAST_SHIPPED[weights])
 
 
 @pytest.mark.parametrize("weights", list(STAGE4))
 @pytest.mark.parametrize(("before", "after"), RECIPE_REPEATS)
 def test_a_repeated_stage_is_the_stage_befores_recipe_from_its_run(weights, before, after):
-    first, second = assert_chained(weights, STAGE4[weights][0], before, after)
+    stem = STAGE4[weights][0]
+    if shipped(weights, after):
+        first, second = assert_chained(weights, stem, before, after)
+    else:  # still training: its options repeat the recipe from the stage before's run, not yet in the ship chain
+        first, second = stage_options(stem, before, after)
+        assert second["path"]["pretrain_network_g"] == f"experiments/{first['name']}/models/net_g_latest.pth"
+        assert f"options/train/{stem}_{after}.yml" not in ship_script().RUNS[weights]
     assert second["datasets"] == first["datasets"] and second["network_g"] == first["network_g"]
     assert second["train"] == first["train"] and second["val"] == first["val"]  # the recipe unchanged
 
 
 @pytest.mark.parametrize("weights", list(STAGE4))
-def test_the_last_repeated_stage_is_the_one_shipped(weights):
-    last = RECIPE_REPEATS[-1][1]
-    assert ship_script().RUNS[weights][-1] == f"options/train/{STAGE4[weights][0]}_{last}.yml"
+def test_the_last_shipped_stage_is_the_one_exported(weights):
+    assert ship_script().RUNS[weights][-1] == f"options/train/{STAGE4[weights][0]}_{LAST_SHIPPED[weights]}.yml"
 
 
 def test_x2_stage4_is_the_x4_stage6_patch_and_rate_at_x2_after_stage3():
