@@ -908,14 +908,19 @@ class FoldedBody(nn.Module):
     """ESRT's body (:class:`~nala_gen.sr.archs.esrt_arch.ESRTBody`) with folded HPBs, composed transformers and no
     concatenation: the 3x3 reduction of the HPBs' concatenated outputs is the sum of one 3x3 conv per output,
     each added as its HPB finishes, so only the running sum and the latest output are held. The learned scales
-    go into the last conv (``s_res``) and onto the residual add (``s_x``).
+    go into the last conv (``s_res``) and onto the residual add (``s_x``). It takes the image and runs the network's
+    head itself, twice: the head's output is the first HPB's input and the body's long residual, and is made again
+    for the residual rather than held through the body (a 3x3 conv of the 3-channel image, about 1 % of the body's
+    time; one C-wide map less held at the pass's peak, 32 MB at 4 MP out).
 
     Args:
         body: a trained ESRT body; its layers are shared, the folded ones made anew (it is not changed).
+        head: the network's head (shared).
     """
 
-    def __init__(self, body: nn.Module) -> None:
+    def __init__(self, body: nn.Module, head: nn.Module) -> None:
         super().__init__()
+        self.head = head
         self.hpbs = nn.ModuleList(FoldedHPB(hpb) for hpb in body.hpbs)
         weight = body.reduce.weight.detach()
         # (num_block * C, C, 3, 3): HPB i's part is rows i * C to (i + 1) * C (4-D, as .to(memory_format=) needs)
@@ -932,9 +937,9 @@ class FoldedBody(nn.Module):
         self.conv = winograd.winograd_layer(_scaled_conv(body.conv, _scalar(body.scale_res)))
         self.scale_x = _scalar(body.scale_x)
 
-    def forward(self, x: Tensor) -> Tensor:
-        """x: (B, C, H, W) -> (B, C, H, W)."""
-        feat, merged = x, None
+    def forward(self, image: Tensor) -> Tensor:
+        """image: (B, C_in, H, W) -> (B, C, H, W), the body's output (its residual added) on the head's features."""
+        feat, merged = _float32(self.head, image), None
         for hpb, weight, packed in zip(self.hpbs, self.reduce_weight.chunk(len(self.hpbs)), self.reduce_packed):
             feat = hpb(feat)
             if merged is None:
@@ -942,7 +947,7 @@ class FoldedBody(nn.Module):
             else:
                 merged = merged.add_(winograd.conv3x3(feat, weight, packed=packed))
         del feat
-        return self.conv(self.transformer(merged)).add_(x, alpha=self.scale_x)
+        return self.conv(self.transformer(merged)).add_(_float32(self.head, image), alpha=self.scale_x)
 
 
 def _float32(layer: nn.Module, x: Tensor) -> Tensor:
@@ -979,7 +984,7 @@ class ESRTInferenceGraph(nn.Module):
         # The skip path reads the head's output, itself a 3x3 conv of the image: composed with the head it is one
         # 7x7 conv of the 3-channel input, about a fifth of the skip's multiply-adds as a 5x5 conv of 32 channels.
         self.skip = ComposedUpsampler(nn.Sequential(net.head, *list(net.skip)[:-1]), net.head.in_channels, net.upscale)
-        self.body = FoldedBody(net.body)
+        self.body = FoldedBody(net.body, net.head)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C_in, H, W) in [0, 1] -> (B, C_out, H * upscale, W * upscale)."""
@@ -990,7 +995,7 @@ class ESRTInferenceGraph(nn.Module):
             # the 3-channel input costs one small copy, the output one copy back into the caller's layout, and a
             # plain NCHW pass takes about a third longer on this project's CPUs.
             return self(x.contiguous(memory_format=torch.channels_last)).contiguous()
-        details = self.tail(self.reduce(self.body(_float32(self.head, x))))
+        details = self.tail(self.reduce(self.body(x)))
         return F.pixel_shuffle(_float32(self.skip, x).relu_().add_(details), self.upscale)
 
 
