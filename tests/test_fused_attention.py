@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from nala_gen.attention import NaLaAttention, fused, linear_attention, reference_attention
+from nala_gen.attention.kernels import kernel as kernel_spec
 from nala_gen.attention.rope import rope_2d
 
 
@@ -276,7 +277,7 @@ def test_key_state_by_runs_then_queries_by_runs_equal_the_whole_attention(monkey
         part, key_max = fused.key_state(k[:, :, start:stop], v[:, :, start:stop], rows(start, stop), **options)
         assert key_max.shape == (b * h,)
         state = part if state is None else state + part
-    eps_total = fused_kernel_eps() * n
+    eps_total = kernel_spec("nala").denominator_eps * n
     wide = torch.zeros(b, n, h, dv + 2)
     out = wide[..., :dv].transpose(1, 2)  # (B, h, N, dv), strided
     for start, stop in ((0, n // 2), (n // 2, n)):
@@ -288,12 +289,6 @@ def test_key_state_by_runs_then_queries_by_runs_equal_the_whole_attention(monkey
     assert ((out - expected).abs().max() / expected.abs().max()) < 1e-5
     with pytest.raises(RuntimeError, match="state does not fit"):
         fused.query_into(q, state[1:], rows(0, n), eps_total, torch.empty(b, h, n, dv), **options)
-
-
-def fused_kernel_eps() -> float:
-    from nala_gen.attention.kernels import kernel
-
-    return kernel("nala").denominator_eps
 
 
 def test_out_and_add_follow_torch_semantics_on_every_path(monkeypatch):

@@ -117,6 +117,20 @@ class _FusedNaLa(torch.autograd.Function):
         return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
 
 
+def streamable(dtype: torch.dtype, device: torch.device, options: dict) -> bool:
+    """Whether :func:`key_state` and :func:`query_into` can run on tensors of ``dtype`` on ``device`` with these
+    map options: the op built and enabled, no tracer, no gradient to track, float32 on a CPU (they write float32
+    results in place)."""
+    return (
+        enabled()
+        and not tracing()
+        and not torch.is_grad_enabled()
+        and OPTIONS.issuperset(options)
+        and dtype == torch.float32
+        and device.type == "cpu"
+    )
+
+
 def _per_head(norm_scale: float | Tensor, heads: int) -> Tensor:
     """gamma as one float32 per head (differentiable when it is a tensor)."""
     if isinstance(norm_scale, Tensor):

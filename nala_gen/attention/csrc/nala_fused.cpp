@@ -666,7 +666,7 @@ std::string isa() { return kernels().name; }
 
 // Which kernels forward_into runs for heads of d floats and values of dv: "soa" or "tiles".
 std::string inference_layout(int64_t d, int64_t dv) {
-  return soa_pays(kernels((int)d, (int)dv), kernels(), (int)d, (int)dv) ? "soa" : "tiles";
+  return inference_kernels((int)d, (int)dv).second ? "soa" : "tiles";
 }
 
 }  // namespace nala_fused

@@ -353,14 +353,10 @@ class HeadGroupedMix(nn.Module):
         :meth:`rows`): the fused op's inference path, float32 on a CPU (no autocast), with no gradient and no
         tracer."""
         block = self.block
+        # under autocast the projections come out in bf16, which the op's entries do not write
         return (
             block.kernel == "nala"
-            and fused.enabled()
-            and not tracing()
-            and not torch.is_grad_enabled()
-            and fused.OPTIONS.issuperset(block.kernel_options)
-            and x.dtype == torch.float32
-            and x.device.type == "cpu"
+            and fused.streamable(x.dtype, x.device, block.kernel_options)
             and not torch.is_autocast_enabled("cpu")
         )
 
