@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -373,3 +374,15 @@ def test_tracing_sees_pytorch_ops_not_the_op():
     traced = torch.jit.trace(lambda q, k, v: linear_attention(q, k, v), (q, k, v), check_trace=False)
     assert "nala_fused" not in str(traced.graph) and "aten::matmul" in str(traced.graph)
     assert torch.allclose(traced(q, k, v), linear_attention(q, k, v), rtol=1e-5, atol=1e-6)
+
+
+def test_the_time_split_diagnostic_runs_and_reports_each_part():
+    """scripts/op_time_split.py (quoted by docs/results/attention.md) on a small shape: every part is timed."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "op_time_split.py"
+    cmd = [sys.executable, str(script), "--shapes", "600x2x18", "--rounds", "1", "--threads", "1"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    summary = [line for line in result.stdout.splitlines() if line.strip().startswith("600x2x18:")]
+    assert len(summary) == 1, result.stdout
+    for part in ("key", "query", "into", "op", "relu"):
+        assert float(summary[0].split(f" {part} ")[1].split()[0]) > 0, summary[0]

@@ -16,6 +16,8 @@
 
 #include <ATen/Parallel.h>
 
+#include <immintrin.h>  // the AVX-512 kernels' getexp/scalef (nala_tiles.inc), compiled under their target
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>

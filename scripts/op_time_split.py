@@ -1,0 +1,111 @@
+"""Where the fused NaLa op's inference time goes: its key pass, its query pass, both into a reused output, and the
+op as a caller gets it (a fresh output tensor), with the page faults each call takes.
+
+    python scripts/op_time_split.py [--shapes 71680x4x32 62500x8x18] [--threads 2] [--rounds 5]
+
+Each shape (tokens x heads x head size, batch 1, float32, random inputs, no RoPE, the paper's map) in a fresh
+process per round, the rounds alternated: per process, the median of 15 calls after one warm-up of
+
+* ``key``: :func:`nala_gen.attention.fused.key_state` over all tokens;
+* ``query``: :func:`~nala_gen.attention.fused.query_into` into a reused output;
+* ``into``: ``linear_attention(q, k, v, out=...)`` into a reused output (one call of the op's ``forward_into``),
+  which is how NaLaSR's graph runs it (the attention's output is a slice of a map the graph holds);
+* ``op``: ``linear_attention(q, k, v)`` under ``torch.inference_mode()``, a new output each call, which is what
+  ``nala-bench attention`` times; ``op - into`` is the first touch of that output's pages;
+* ``relu``: ``linear_attention(..., kernel="relu")`` (the plain ReLU kernel), the same way;
+
+and the minor page faults per call of ``into`` and ``op``. Printed per round and as medians over rounds; nothing is
+written. A diagnostic for the op's target (issue 39) and docs/kernel.md; run it with nothing else on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+
+COLUMNS = ("key", "query", "into", "op", "relu")
+
+
+def worker(tokens: int, heads: int, head_dim: int) -> None:
+    import resource
+    import time
+
+    import torch
+
+    from nala_gen.attention import fused, linear_attention
+    from nala_gen.attention.kernels import kernel as kernel_spec
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, heads, tokens, head_dim) for _ in range(3))
+    out = torch.empty(1, heads, tokens, head_dim)
+    eps_total = kernel_spec("nala").denominator_eps * tokens
+
+    def faults() -> int:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+    def timed(fn) -> tuple[float, float]:
+        fn()
+        runs, before = [], faults()
+        for _ in range(15):
+            start = time.perf_counter()
+            fn()
+            runs.append(time.perf_counter() - start)
+        return statistics.median(runs) * 1e3, (faults() - before) / 15
+
+    with torch.inference_mode():
+        state, _ = fused.key_state(k, v, None)
+        row = {
+            "key": timed(lambda: fused.key_state(k, v, None)),
+            "query": timed(lambda: fused.query_into(q, state, None, eps_total, out)),
+            "into": timed(lambda: linear_attention(q, k, v, kernel="nala", out=out)),
+            "op": timed(lambda: linear_attention(q, k, v, kernel="nala")),
+            "relu": timed(lambda: linear_attention(q, k, v, kernel="relu")),
+        }
+    print("ROW", " ".join(f"{name}={ms:.3f}/{fl:.0f}" for name, (ms, fl) in row.items()), flush=True)
+
+
+def parse_row(line: str) -> dict[str, tuple[float, float]]:
+    fields = (item.split("=") for item in line.split()[1:])
+    return {name: tuple(float(x) for x in value.split("/")) for name, value in fields}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", default=["71680x4x32", "62500x8x18"], help="TOKENSxHEADSxHEAD_DIM")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--worker", nargs=3, type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(*args.worker)
+        return 0
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "THP_MEM_ALLOC_ENABLE": "1"}  # as nala-bench
+    rows: dict[str, list[dict]] = {shape: [] for shape in args.shapes}
+    for round_ in range(args.rounds):
+        for shape in args.shapes:
+            tokens, heads, head_dim = (int(x) for x in shape.split("x"))
+            cmd = [sys.executable, __file__, "--worker", str(tokens), str(heads), str(head_dim)]
+            result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            lines = [line for line in result.stdout.splitlines() if line.startswith("ROW")]
+            if not lines:
+                print(f"{shape}: failed: {result.stderr.strip().splitlines()[-1:]}")
+                return 1
+            rows[shape].append(parse_row(lines[-1]))
+            print(f"round {round_ + 1} {shape}: {lines[-1][4:]}", flush=True)
+    print(f"\nmedians over {args.rounds} rounds, {args.threads} threads (ms; faults per call for into and op)")
+    for shape, runs in rows.items():
+        medians = {c: statistics.median(r[c][0] for r in runs) for c in COLUMNS}
+        fault = {c: statistics.median(r[c][1] for r in runs) for c in ("into", "op")}
+        shown = "  ".join(f"{c} {medians[c]:6.2f}" for c in COLUMNS)
+        print(
+            f"{shape:>12s}: {shown}  first touch {medians['op'] - medians['into']:5.2f}  "
+            f"op/relu {medians['op'] / medians['relu']:.2f}  faults into {fault['into']:.0f} op {fault['op']:.0f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
