@@ -12,7 +12,9 @@ process per round, the rounds alternated: per process, the median of 15 calls af
   which is how NaLaSR's graph runs it (the attention's output is a slice of a map the graph holds);
 * ``op``: ``linear_attention(q, k, v)`` under ``torch.inference_mode()``, a new output each call, which is what
   ``nala-bench attention`` times; ``op - into`` is the first touch of that output's pages;
-* ``relu``: ``linear_attention(..., kernel="relu")`` (the plain ReLU kernel), the same way;
+* ``relu``: ``linear_attention(..., kernel="relu")`` (the plain ReLU kernel), the same way, in a process of its own
+  (a process's earlier calls change how the allocator serves the next ones: ReLU's eager intermediates took
+  1,800 or 27,000 page faults per call after the op's calls, depending on the op's own allocations);
 
 and the minor page faults per call of ``into`` and ``op``. Printed per round and as medians over rounds; nothing is
 written. A diagnostic for the op's target (issue 39) and docs/kernel.md; run it with nothing else on the CPU.
@@ -29,7 +31,7 @@ import sys
 COLUMNS = ("key", "query", "into", "op", "relu")
 
 
-def worker(tokens: int, heads: int, head_dim: int) -> None:
+def worker(tokens: int, heads: int, head_dim: int, part: str) -> None:
     import resource
     import time
 
@@ -56,14 +58,16 @@ def worker(tokens: int, heads: int, head_dim: int) -> None:
         return statistics.median(runs) * 1e3, (faults() - before) / 15
 
     with torch.inference_mode():
-        state, _ = fused.key_state(k, v, None)
-        row = {
-            "key": timed(lambda: fused.key_state(k, v, None)),
-            "query": timed(lambda: fused.query_into(q, state, None, eps_total, out)),
-            "into": timed(lambda: linear_attention(q, k, v, kernel="nala", out=out)),
-            "op": timed(lambda: linear_attention(q, k, v, kernel="nala")),
-            "relu": timed(lambda: linear_attention(q, k, v, kernel="relu")),
-        }
+        if part == "relu":
+            row = {"relu": timed(lambda: linear_attention(q, k, v, kernel="relu"))}
+        else:
+            state, _ = fused.key_state(k, v, None)
+            row = {
+                "key": timed(lambda: fused.key_state(k, v, None)),
+                "query": timed(lambda: fused.query_into(q, state, None, eps_total, out)),
+                "into": timed(lambda: linear_attention(q, k, v, kernel="nala", out=out)),
+                "op": timed(lambda: linear_attention(q, k, v, kernel="nala")),
+            }
     print("ROW", " ".join(f"{name}={ms:.3f}/{fl:.0f}" for name, (ms, fl) in row.items()), flush=True)
 
 
@@ -77,24 +81,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="+", default=["71680x4x32", "62500x8x18"], help="TOKENSxHEADSxHEAD_DIM")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--worker", nargs=3, type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(*args.worker)
+        worker(*(int(x) for x in args.worker[:3]), args.worker[3])
         return 0
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "THP_MEM_ALLOC_ENABLE": "1"}  # as nala-bench
     rows: dict[str, list[dict]] = {shape: [] for shape in args.shapes}
     for round_ in range(args.rounds):
         for shape in args.shapes:
-            tokens, heads, head_dim = (int(x) for x in shape.split("x"))
-            cmd = [sys.executable, __file__, "--worker", str(tokens), str(heads), str(head_dim)]
-            result = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            lines = [line for line in result.stdout.splitlines() if line.startswith("ROW")]
-            if not lines:
-                print(f"{shape}: failed: {result.stderr.strip().splitlines()[-1:]}")
-                return 1
-            rows[shape].append(parse_row(lines[-1]))
-            print(f"round {round_ + 1} {shape}: {lines[-1][4:]}", flush=True)
+            row = {}
+            for part in ("nala", "relu"):  # each in its own process: a call's allocations change the next one's
+                cmd = [sys.executable, __file__, "--worker", *shape.split("x"), part]
+                result = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                lines = [line for line in result.stdout.splitlines() if line.startswith("ROW")]
+                if not lines:
+                    print(f"{shape}: failed: {result.stderr.strip().splitlines()[-1:]}")
+                    return 1
+                row.update(parse_row(lines[-1]))
+            rows[shape].append(row)
+            print(f"round {round_ + 1} {shape}: " + " ".join(f"{c}={row[c][0]:.2f}" for c in COLUMNS), flush=True)
     print(f"\nmedians over {args.rounds} rounds, {args.threads} threads (ms; faults per call for into and op)")
     for shape, runs in rows.items():
         medians = {c: statistics.median(r[c][0] for r in runs) for c in COLUMNS}

@@ -174,15 +174,18 @@ struct Scratch {
 };
 
 // One thread's scratch for the SoA path (nala_soa.inc): rows of TT floats, zero-initialised (the padded feature and
-// value rows are never written, so they stay zero). vT also holds a query tile's outputs.
+// value rows are never written, so they stay zero). vT also holds a query tile's outputs; acc (`lanes` floats) a key
+// item's lane-wise sums.
 struct SoaScratch {
   std::vector<float> buffer;
-  float *xT, *phiT, *rT, *vT;
-  SoaScratch(int d, int Fp, int DVq, int TT) : buffer((size_t)(d + 2 * Fp + DVq) * TT, 0.0f) {
+  float *xT, *phiT, *rT, *vT, *acc;
+  SoaScratch(int d, int Fp, int DVq, int TT, int64_t lanes = 0)
+      : buffer((size_t)(d + 2 * Fp + DVq) * TT + lanes, 0.0f) {
     xT = buffer.data();
     phiT = xT + (size_t)d * TT;
     rT = phiT + (size_t)Fp * TT;
     vT = rT + (size_t)Fp * TT;
+    acc = vT + (size_t)DVq * TT;
   }
 };
 
@@ -405,17 +408,20 @@ static std::pair<at::Tensor, at::Tensor> soa_key_pass(const Kernels& K, const Pr
   const float* cos_p = P.rope ? cos_t.data_ptr<float>() : nullptr;
   const float* sin_p = P.rope ? sin_t.data_ptr<float>() : nullptr;
   const int64_t tab = P.rope ? cos_t.size(1) : 0;
-  const auto make = [=] { return SoaScratch(d, Fp, DVq, TT); };
-  // Lane-wise sums of KV (Fp x DVq), z (Fp) and the largest |key| per (batch, head) and group of tiles.
+  // Each item sums its tiles' KV (Fp x DVq), z (Fp) and largest |key| lane-wise in its thread's scratch, then
+  // across the lanes into its row of `partial` (a few KB per item, where lane-wise rows would be tens of KB: a
+  // buffer of megabytes, page-faulted in afresh by every call).
   const Rows kr(k), vr(v);
   const int64_t k_tiles = (P.Nk + TT - 1) / TT;
   const int64_t groups = group_count(P.BH, k_tiles);
-  const int64_t kv_size = (int64_t)Fp * DVq, lanes = (kv_size + Fp + 1) * W;
-  at::Tensor partial = at::zeros({P.BH * groups, lanes}, k.options());
+  const int64_t kv_size = (int64_t)Fp * DVq, sums = kv_size + Fp + 1, lanes = sums * W;
+  const auto make = [=] { return SoaScratch(d, Fp, DVq, TT, lanes); };
+  at::Tensor partial = at::empty({P.BH * groups, sums}, k.options());
   float* partial_p = partial.data_ptr<float>();
   for_each_item(P.BH * groups, make, [&](int64_t item, SoaScratch& s) {
     const int64_t bh = item % P.BH, g = item / P.BH;
-    float* acc = partial_p + (bh * groups + g) * lanes;
+    float* acc = s.acc;
+    std::fill(acc, acc + lanes, 0.0f);
     for (int64_t tile = g * k_tiles / groups; tile < (g + 1) * k_tiles / groups; ++tile) {
       const int64_t t0 = tile * TT;
       const int n = (int)std::min<int64_t>(TT, P.Nk - t0);
@@ -423,28 +429,20 @@ static std::pair<at::Tensor, at::Tensor> soa_key_pass(const Kernels& K, const Pr
                      P.rope ? cos_p + t0 : nullptr, P.rope ? sin_p + t0 : nullptr, tab, s.xT, s.phiT, s.rT, s.vT,
                      acc, acc + kv_size * W, acc + (kv_size + Fp) * W);
     }
-  });
-  // Groups and lanes summed in an order fixed by the shape (the bits do not depend on the thread count).
-  at::Tensor state = at::empty({P.BH, kv_size + Fp}, k.options());
-  at::Tensor key_max = at::empty({P.BH}, k.options());
-  float* state_p = state.data_ptr<float>();
-  float* key_max_p = key_max.data_ptr<float>();
-  for (int64_t bh = 0; bh < P.BH; ++bh) {
-    for (int64_t e = 0; e < kv_size + Fp; ++e) {
+    float* row = partial_p + (bh * groups + g) * sums;
+    for (int64_t e = 0; e < sums - 1; ++e) {  // lanes summed in order: the bits depend on the shape alone
       float sum = 0.0f;
-      for (int64_t g = 0; g < groups; ++g) {
-        const float* lane = partial_p + (bh * groups + g) * lanes + e * W;
-        for (int a = 0; a < W; ++a) sum += lane[a];
-      }
-      state_p[bh * (kv_size + Fp) + e] = sum;
+      for (int a = 0; a < W; ++a) sum += acc[e * W + a];
+      row[e] = sum;
     }
     float top = 0.0f;
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* lane = partial_p + (bh * groups + g) * lanes + (kv_size + Fp) * W;
-      for (int a = 0; a < W; ++a) top = std::max(top, lane[a]);
-    }
-    key_max_p[bh] = top;
-  }
+    for (int a = 0; a < W; ++a) top = std::max(top, acc[(sums - 1) * W + a]);
+    row[sums - 1] = top;
+  });
+  // Groups summed in an order fixed by the shape (the bits do not depend on the thread count).
+  const at::Tensor per_group = partial.view({P.BH, groups, sums});
+  at::Tensor state = per_group.narrow(2, 0, sums - 1).sum(1);
+  at::Tensor key_max = std::get<0>(per_group.select(2, sums - 1).max(1));
   return {state, key_max};
 }
 
