@@ -70,11 +70,20 @@ STAGE_9 = (
     "this checkout, over two sessions (resumed from its checkpoint at 2,000 iterations), stopped (SIGSTOP) for about "
     "15 minutes of timings and beside builds and tests of issue 39; it shipped before ESRT's stage 9 had finished"
 )
+ESRT_STAGE_9 = (
+    "; stage 9 (stage 6's recipe) started beside the other x4 network's stage 9, one thread each, but its checkout "
+    "was not handed on at 1,000 iterations; it ran again from the start in the next session, with two threads and "
+    "no other training, from stage 8's shipped weights (--force_yml path:pretrain_network_g=weights/esrt-x4."
+    "safetensors: stage 8's EMA, what its run in the earlier checkout held), stopped (SIGSTOP) for about 10 minutes "
+    "of timings and beside builds and tests of issue 39 for its first 45 minutes; its end-of-run validation was "
+    "stopped to free the CPU for shipping, after its iteration-2,500 save, which is what ships (the end-of-run save "
+    "would hold the same weights)"
+)
 RUN_NOTES = {
     "nalasr-light-x4": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
     "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7 + STAGE_8 + STAGE_9,
     "esrt-x4": "stage 1 ran beside the nalasr-light-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
-    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7 + STAGE_8,
+    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7 + STAGE_8 + ESRT_STAGE_9,
     "nalasr-light-x2": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + "; stage 2 ran with two threads "
     "(OMP_NUM_THREADS=2) and no other training, beside short tests and micro-benchmarks in its first 10 minutes, "
     "from stage 1's weights (restored from the card's safetensors: stage 1 had trained in another checkout); stage 3 "
@@ -109,7 +118,7 @@ RUNS = {
         "options/train/ESRT/train_ESRT_x4_photos_stage6.yml",
         "options/train/ESRT/train_ESRT_x4_photos_stage7.yml",
         "options/train/ESRT/train_ESRT_x4_photos_stage8.yml",
-        # stage 9 (train_ESRT_x4_photos_stage9.yml) was still training when NaLaSR's stage 9 shipped (issue 38)
+        "options/train/ESRT/train_ESRT_x4_photos_stage9.yml",
     ],
     "nalasr-light-x2": [
         "options/train/NaLaSR/train_NaLaSR_light_x2_mini.yml",

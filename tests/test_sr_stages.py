@@ -168,8 +168,8 @@ RECIPE_REPEATS = [
     ("photos_stage7", "photos_stage8"),
     ("photos_stage8", "photos_stage9"),
 ]
-# The last stage each x4 network has shipped (NaLaSR's stage 9 shipped while ESRT's stage 9 was still training).
-LAST_SHIPPED = {"nalasr-light-x4": "photos_stage9", "esrt-x4": "photos_stage8"}
+# The last stage each x4 network has shipped (a stage still training is not yet in the ship chain).
+LAST_SHIPPED = {"nalasr-light-x4": "photos_stage9", "esrt-x4": "photos_stage9"}
 
 
 def shipped(weights: str, stage: str) -> bool:
