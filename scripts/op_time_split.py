@@ -12,9 +12,9 @@ process per round, the rounds alternated: per process, the median of 15 calls af
   which is how NaLaSR's graph runs it (the attention's output is a slice of a map the graph holds);
 * ``op``: ``linear_attention(q, k, v)`` under ``torch.inference_mode()``, a new output each call, which is what
   ``nala-bench attention`` times; ``op - into`` is the first touch of that output's pages;
-* ``relu``: ``linear_attention(..., kernel="relu")`` (the plain ReLU kernel), the same way, in a process of its own
-  (a process's earlier calls change how the allocator serves the next ones: ReLU's eager intermediates took
-  1,800 or 27,000 page faults per call after the op's calls, depending on the op's own allocations);
+* ``relu``: the plain ReLU kernel as ``nala-bench attention`` times it (its own worker, in a process of its own: a
+  process's earlier calls change how the allocator serves the next ones; ReLU's eager intermediates took 1,800 or
+  27,000 page faults per call after the op's calls, depending on the op's own allocations);
 
 and the minor page faults per call of ``into`` and ``op``. Printed per round and as medians over rounds; nothing is
 written. A diagnostic for the op's target (issue 39) and docs/kernel.md; run it with nothing else on the CPU.
@@ -23,15 +23,19 @@ written. A diagnostic for the op's target (issue 39) and docs/kernel.md; run it 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
-import subprocess
-import sys
+
+from nala_gen.bench.attention_scaling import run_config
+from nala_gen.bench.common import run_worker
 
 COLUMNS = ("key", "query", "into", "op", "relu")
+CALLS = 15
 
 
-def worker(tokens: int, heads: int, head_dim: int, part: str) -> None:
+def worker(tokens: int, heads: int, head_dim: int) -> None:
+    """Print {part: [ms, faults per call]} for the op's parts at this shape (one JSON line)."""
     import resource
     import time
 
@@ -51,29 +55,21 @@ def worker(tokens: int, heads: int, head_dim: int, part: str) -> None:
     def timed(fn) -> tuple[float, float]:
         fn()
         runs, before = [], faults()
-        for _ in range(15):
+        for _ in range(CALLS):
             start = time.perf_counter()
             fn()
             runs.append(time.perf_counter() - start)
-        return statistics.median(runs) * 1e3, (faults() - before) / 15
+        return statistics.median(runs) * 1e3, (faults() - before) / CALLS
 
     with torch.inference_mode():
-        if part == "relu":
-            row = {"relu": timed(lambda: linear_attention(q, k, v, kernel="relu"))}
-        else:
-            state, _ = fused.key_state(k, v, None)
-            row = {
-                "key": timed(lambda: fused.key_state(k, v, None)),
-                "query": timed(lambda: fused.query_into(q, state, None, eps_total, out)),
-                "into": timed(lambda: linear_attention(q, k, v, kernel="nala", out=out)),
-                "op": timed(lambda: linear_attention(q, k, v, kernel="nala")),
-            }
-    print("ROW", " ".join(f"{name}={ms:.3f}/{fl:.0f}" for name, (ms, fl) in row.items()), flush=True)
-
-
-def parse_row(line: str) -> dict[str, tuple[float, float]]:
-    fields = (item.split("=") for item in line.split()[1:])
-    return {name: tuple(float(x) for x in value.split("/")) for name, value in fields}
+        state, _ = fused.key_state(k, v, None)
+        row = {
+            "key": timed(lambda: fused.key_state(k, v, None)),
+            "query": timed(lambda: fused.query_into(q, state, None, eps_total, out)),
+            "into": timed(lambda: linear_attention(q, k, v, kernel="nala", out=out)),
+            "op": timed(lambda: linear_attention(q, k, v, kernel="nala")),
+        }
+    print(json.dumps(row), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,24 +77,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="+", default=["71680x4x32", "62500x8x18"], help="TOKENSxHEADSxHEAD_DIM")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--worker", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=3, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        worker(*(int(x) for x in args.worker[:3]), args.worker[3])
+        worker(*args.worker)
         return 0
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "THP_MEM_ALLOC_ENABLE": "1"}  # as nala-bench
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # for the workers (this process only starts them)
     rows: dict[str, list[dict]] = {shape: [] for shape in args.shapes}
     for round_ in range(args.rounds):
         for shape in args.shapes:
-            row = {}
-            for part in ("nala", "relu"):  # each in its own process: a call's allocations change the next one's
-                cmd = [sys.executable, __file__, "--worker", *shape.split("x"), part]
-                result = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                lines = [line for line in result.stdout.splitlines() if line.startswith("ROW")]
-                if not lines:
-                    print(f"{shape}: failed: {result.stderr.strip().splitlines()[-1:]}")
-                    return 1
-                row.update(parse_row(lines[-1]))
+            tokens, heads, head_dim = (int(x) for x in shape.split("x"))
+            row = run_worker(__file__, ["--worker", *shape.split("x")], {"THP_MEM_ALLOC_ENABLE": "1"})  # as nala-bench
+            relu = run_config("relu", tokens, heads, head_dim, repeats=CALLS, thp=True)
+            if "status" in row or relu.get("status") != "ok":
+                print(f"{shape}: failed: {row.get('note') or relu.get('note')}")
+                return 1
+            row["relu"] = (relu["latency_s"] * 1e3, 0.0)
             rows[shape].append(row)
             print(f"round {round_ + 1} {shape}: " + " ".join(f"{c}={row[c][0]:.2f}" for c in COLUMNS), flush=True)
     print(f"\nmedians over {args.rounds} rounds, {args.threads} threads (ms; faults per call for into and op)")

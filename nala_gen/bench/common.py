@@ -49,8 +49,9 @@ def machine_info(device: str) -> dict:
 
 
 def run_worker(module: str, args: list[str], env: dict | None = None, timeout: float | None = None) -> dict:
-    """``python -m module *args`` -> the JSON object on its last stdout line, or a status with the reason."""
-    cmd = [sys.executable, "-m", module, *args]
+    """``python -m module *args`` (``python module *args`` for a path ending in .py: a script's worker) -> the JSON
+    object on its last stdout line, or a status with the reason."""
+    cmd = [sys.executable, *([module] if module.endswith(".py") else ["-m", module]), *args]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
     except subprocess.TimeoutExpired:
