@@ -23,6 +23,9 @@ def direct(x, weight, bias):
         (1, 48, 32, 1, 1),  # one pixel: every tap but the centre is padding
         (1, 64, 160, 3, 130),  # more than one segment of blocks along a row (64 blocks = 128 px)
         (1, 32, 96, 2, 5),
+        (1, 32, 16, 17, 23),  # 16 output channels: register tiles of 16 blocks x 16 channels
+        (2, 16, 16, 5, 131),  # ... two segments along a row, the second of 2 blocks (padded to a register tile)
+        (1, 64, 48, 3, 9),  # 48: three tiles of 16 channels
     ],
 )
 def test_matches_the_direct_convolution(batch, c_in, c_out, height, width):
@@ -55,7 +58,7 @@ def test_falls_back_to_pytorch_where_the_kernels_do_not_apply():
     x, weight = torch.randn(1, 32, 6, 6), torch.randn(32, 32, 3, 3)
     cases = {
         "float64": (x.double(), weight.double()),
-        "16 output channels": (x, weight[:16]),
+        "24 output channels": (x, weight[:24]),
         "24 input channels": (x[:, :24], weight[:, :24]),
     }
     for name, (xi, wi) in cases.items():
@@ -99,6 +102,6 @@ def test_layer_keeps_its_transformed_weight_until_the_weight_changes():
     with torch.inference_mode():
         assert layer.packed() is not first  # made again: the old transform would give the old convolution
         assert (layer(x).double() - direct(x, conv.weight, conv.bias)).abs().max() < 1e-5
-    others = (torch.nn.Conv2d(32, 16, 3, padding=1), torch.nn.Conv2d(32, 32, 3, padding=2), torch.nn.Conv2d(32, 32, 1))
+    others = (torch.nn.Conv2d(32, 24, 3, padding=1), torch.nn.Conv2d(32, 32, 3, padding=2), torch.nn.Conv2d(32, 32, 1))
     for other in others:
         assert winograd.winograd_layer(other) is other  # shapes or layouts the kernels do not run stay as they are

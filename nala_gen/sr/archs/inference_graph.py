@@ -924,9 +924,10 @@ class FoldedBody(nn.Module):
         self.register_buffer("reduce_bias", body.reduce.bias.detach().clone(), persistent=False)
         if not winograd.is_plain_3x3(body.reduce):
             raise TypeError("the body's reduction is expected to be a 3x3 convolution with padding 1 (ESRT's layout)")
+        # their transforms, (num_block * 16, C, C): 3-D, so that .to(memory_format=) leaves them contiguous
         self.register_buffer(
             "reduce_packed",
-            torch.stack([winograd.pack(w) for w in self.reduce_weight.chunk(len(self.hpbs))]),
+            torch.cat([winograd.pack(w) for w in self.reduce_weight.chunk(len(self.hpbs))]),
             persistent=False,
         )
         self.transformer = nn.Sequential(*(ComposedTransformer(et) for et in body.transformer))
@@ -936,7 +937,8 @@ class FoldedBody(nn.Module):
     def forward(self, image: Tensor) -> Tensor:
         """image: (B, C_in, H, W) -> (B, C, H, W), the body's output (its residual added) on the head's features."""
         feat, merged = _float32(self.head, image), None
-        for hpb, weight, packed in zip(self.hpbs, self.reduce_weight.chunk(len(self.hpbs)), self.reduce_packed):
+        parts = zip(self.hpbs, self.reduce_weight.chunk(len(self.hpbs)), self.reduce_packed.chunk(len(self.hpbs)))
+        for hpb, weight, packed in parts:
             feat = hpb(feat)
             if merged is None:
                 merged = winograd.conv3x3(feat, weight, self.reduce_bias, packed)

@@ -8,8 +8,8 @@ matrices have entries 0, +-1 and +-1/2, so results match the direct convolution 
 
 :func:`conv3x3` uses them where they apply, and ``F.conv2d`` everywhere else: float32 CPU tensors outside autograd,
 autocast and tracing (an ONNX export or ``torch.compile`` sees ``conv2d``), 16, 32, 48 or 64 input channels and
-a multiple of 32 output channels (a 16-wide output tile of these kernels ran slower than oneDNN's), and not under
-a dispatch mode (``torch.utils.flop_counter`` counts the direct convolution's FLOPs, the network's own arithmetic).
+a multiple of 16 output channels, and not under a dispatch mode (``torch.utils.flop_counter`` counts the direct
+convolution's FLOPs, the network's own arithmetic).
 ``NALA_GEN_WINOGRAD=0`` turns them off.
 """
 
@@ -34,6 +34,7 @@ else:
 
 Tensor = torch.Tensor
 INPUT_CHANNELS = (16, 32, 48, 64)  # compiled as constants (csrc/winograd.cpp)
+OUTPUT_CHANNEL_MULTIPLE = 16  # one 16-float vector of output channels: register tiles of 32 where they divide
 # G of F(2x2, 3x3): the weight's transform G g G^T (rows: g0; (g0 + g1 + g2) / 2; (g0 - g1 + g2) / 2; g2)
 _G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
 
@@ -63,7 +64,7 @@ def applies(x: Tensor, weight: Tensor) -> bool:
         and x.dim() == 4
         and x.shape[1] in INPUT_CHANNELS
         and tuple(weight.shape[1:]) == (x.shape[1], 3, 3)
-        and weight.shape[0] % 32 == 0
+        and weight.shape[0] % OUTPUT_CHANNEL_MULTIPLE == 0
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and not torch.is_autocast_enabled("cpu")
         and not tracing()
@@ -136,5 +137,6 @@ def is_plain_3x3(conv: nn.Module) -> bool:
 def winograd_layer(conv: nn.Module) -> nn.Module:
     """``conv`` wrapped in :class:`WinogradConv3x3` where it is a plain 3x3 convolution whose shape the kernels run
     (its own module otherwise)."""
-    fits = is_plain_3x3(conv) and conv.in_channels in INPUT_CHANNELS and conv.out_channels % 32 == 0
+    fits = is_plain_3x3(conv) and conv.in_channels in INPUT_CHANNELS
+    fits = fits and conv.out_channels % OUTPUT_CHANNEL_MULTIPLE == 0
     return WinogradConv3x3(conv) if fits else conv

@@ -8,12 +8,14 @@
 //
 // Layout: channels-last (B, H, W, C) float32 input and output; the weight pre-transformed by the caller to
 // U (16, Ci, Co) = G g G^T, position-major. Per job, one segment of a row of 2x2 blocks ("tiles"):
-//   1. the input transform of its tiles into V (16, tiles, Ci), in cache;
-//   2. per 32 output channels and per position p, M_p (tiles, 32) = V_p (tiles, Ci) @ U_p (Ci, 32), a register
-//      tile of 8 tiles x 32 channels whose V operand is the FMA's broadcast memory operand (a load: a register
-//      broadcast is a shuffle, which competes with the FMAs for the same pipes on AMD's Zen 4);
+//   1. the input transform of its tiles into V (16, tiles, Ci), in cache: each input column's B^T d once, kept in
+//      registers for the next tile, which shares two columns;
+//   2. per 32 (or 16) output channels and per position p, M_p (tiles, 32) = V_p (tiles, Ci) @ U_p (Ci, 32), a
+//      register tile of 8 tiles x 32 channels (16 x 16) whose V operand is the FMA's broadcast memory operand (a
+//      load: a register broadcast is a shuffle, which competes with the FMAs for the same pipes on AMD's Zen 4);
 //   3. the output transform of M into the output, with the bias.
-// Ci must be a multiple of 16 and Co of 32 (the caller checks); inputs of any size, odd ones included.
+// The transforms, not the products, were most of the time until V's and M's positions were set apart by more than a
+// multiple of 4 KB (kSkew). Ci must be a multiple of 16 and Co of 16 (the caller checks); inputs of any size.
 
 #include <torch/extension.h>
 
@@ -35,57 +37,91 @@ namespace nala_winograd {
 #pragma GCC target("avx512f,fma")
 
 constexpr int kSegment = 64;  // tiles per job: V and M of one job stay in L2 (2 x 128 KB at 32 channels)
-constexpr int kTiles = 8;     // tiles per register tile (8 x 2 accumulators of 16 floats)
+constexpr int kPrefetch = 16;  // input columns ahead of the one transformed
+constexpr int kSkew = 16;     // floats between positions' blocks of V and M beyond their size: their strides would
+                              // be multiples of 4 KB, so the 16 positions of a tile would fall in one L1 set
 
-// M (kTiles, 32) = V (kTiles, CI) @ U (CI, 32 of ldu): CI a constant, so every V operand is one base register
+// floats from one position's block of V (tiles x CI) or M (tiles x width) to the next
+constexpr int64_t position_stride(int channels) { return (int64_t)kSegment * channels + kSkew; }
+
+// A register tile: 16 accumulators of 16 floats, kTiles<NB> tiles x NB vectors of output channels (NB = 2: 8 tiles
+// x 32 channels; NB = 1: 16 tiles x 16 channels, for outputs of 16k channels).
+template <int NB>
+constexpr int kTiles = 16 / NB;
+
+// M (kTiles, 16 NB) = V (kTiles, CI) @ U (CI, 16 NB of ldu): CI a constant, so every V operand is one base register
 // plus a fixed displacement (no chain of address adds).
-template <int CI>
+template <int CI, int NB>
 __attribute__((always_inline)) inline void gemm_tile(const float* v, const float* u, int64_t ldu, float* m) {
-  __m512 acc[kTiles][2];
-  for (int t = 0; t < kTiles; ++t)
-    for (int k = 0; k < 2; ++k) acc[t][k] = _mm512_setzero_ps();
+  constexpr int T = kTiles<NB>;
+  __m512 acc[T][NB];
+  for (int t = 0; t < T; ++t)
+    for (int k = 0; k < NB; ++k) acc[t][k] = _mm512_setzero_ps();
   for (int ci = 0; ci < CI; ++ci) {
-    __m512 w[2];
-    for (int k = 0; k < 2; ++k) w[k] = _mm512_loadu_ps(u + ci * ldu + 16 * k);
-    for (int t = 0; t < kTiles; ++t)
-      for (int k = 0; k < 2; ++k)
+    __m512 w[NB];
+    for (int k = 0; k < NB; ++k) w[k] = _mm512_loadu_ps(u + ci * ldu + 16 * k);
+    for (int t = 0; t < T; ++t)
+      for (int k = 0; k < NB; ++k)
         asm("vfmadd231ps %2%{1to16%}, %1, %0" : "+v"(acc[t][k]) : "v"(w[k]), "m"(v[t * CI + ci]));
   }
-  for (int t = 0; t < kTiles; ++t)
-    for (int k = 0; k < 2; ++k) _mm512_storeu_ps(m + t * 32 + 16 * k, acc[t][k]);
+  for (int t = 0; t < T; ++t)
+    for (int k = 0; k < NB; ++k) _mm512_storeu_ps(m + t * 16 * NB + 16 * k, acc[t][k]);
 }
 
-template <int CI>
+template <int CI, int NB>
 void gemm_positions(const float* V, const float* U, int64_t co_total, int64_t co, int tiles, float* M) {
   for (int p = 0; p < 16; ++p) {
-    const float* v = V + (int64_t)p * kSegment * CI;
+    const float* v = V + p * position_stride(CI);
     const float* u = U + (int64_t)p * CI * co_total + co;
-    float* m = M + (int64_t)p * kSegment * 32;
-    for (int t = 0; t < tiles; t += kTiles) gemm_tile<CI>(v + t * CI, u, co_total, m + t * 32);
+    float* m = M + p * position_stride(16 * NB);
+    for (int t = 0; t < tiles; t += kTiles<NB>) gemm_tile<CI, NB>(v + t * CI, u, co_total, m + t * 16 * NB);
   }
 }
 
-// B^T d B of one tile's 4x4 patch, 16 channels from c, into V[p][t][c..c+15]; rows[i] is input row 2ty-1+i
-// (nullptr outside the image), columns outside it or past the segment's tiles read as zeros.
-__attribute__((always_inline)) inline void input_transform(const float* const rows[4], int64_t ci, int x0, int width, bool live, int64_t c,
-                            float* v, int64_t v_step) {
-  __m512 r[4][4];
-  for (int j = 0; j < 4; ++j) {  // B^T d column by column: 4 loads -> 4 values, no 4x4 block of inputs held
-    const int ix = x0 + j;
-    const bool in = live && ix >= 0 && ix < width;
-    __m512 d[4];
-    for (int i = 0; i < 4; ++i) d[i] = in && rows[i] ? _mm512_loadu_ps(rows[i] + ix * ci + c) : _mm512_setzero_ps();
-    r[0][j] = _mm512_sub_ps(d[0], d[2]);
-    r[1][j] = _mm512_add_ps(d[1], d[2]);
-    r[2][j] = _mm512_sub_ps(d[2], d[1]);
-    r[3][j] = _mm512_sub_ps(d[1], d[3]);
+// B^T d of one input column (its 4 rows), 16 channels: rows[i] + ix * step[i] is row i's pixel ix (step 0 and a
+// row of zeros outside the image); a column outside the image is zeros.
+struct Column {
+  __m512 r[4];
+};
+
+__attribute__((always_inline)) inline Column column_transform(const float* const rows[4], const int64_t step[4], int ix,
+                                                              int width) {
+  Column col;
+  if (ix < 0 || ix >= width) {
+    for (int i = 0; i < 4; ++i) col.r[i] = _mm512_setzero_ps();
+    return col;
   }
+  __m512 d[4];
   for (int i = 0; i < 4; ++i) {
-    float* o = v + (int64_t)(4 * i) * v_step;
-    _mm512_storeu_ps(o, _mm512_sub_ps(r[i][0], r[i][2]));
-    _mm512_storeu_ps(o + v_step, _mm512_add_ps(r[i][1], r[i][2]));
-    _mm512_storeu_ps(o + 2 * v_step, _mm512_sub_ps(r[i][2], r[i][1]));
-    _mm512_storeu_ps(o + 3 * v_step, _mm512_sub_ps(r[i][1], r[i][3]));
+    d[i] = _mm512_loadu_ps(rows[i] + ix * step[i]);
+    _mm_prefetch(reinterpret_cast<const char*>(rows[i] + (ix + kPrefetch) * step[i]), _MM_HINT_T0);
+  }
+  col.r[0] = _mm512_sub_ps(d[0], d[2]);
+  col.r[1] = _mm512_add_ps(d[1], d[2]);
+  col.r[2] = _mm512_sub_ps(d[2], d[1]);
+  col.r[3] = _mm512_sub_ps(d[1], d[3]);
+  return col;
+}
+
+// The input transform B^T d B of a row of tiles, 16 channels (rows[] already offset to them), into V[p][t] at v
+// (+ t * ci, + p * v_step). Tile t's patch is columns 2t-1 .. 2t+2 from x0 = 2 tx0: neighbours share two columns,
+// so each column is transformed once and kept in registers for the next tile.
+__attribute__((always_inline)) inline void input_transform(const float* const rows[4], const int64_t step[4], int x0,
+                                                           int width, int tiles, int64_t ci, float* v,
+                                                           int64_t v_step) {
+  Column c0 = column_transform(rows, step, x0 - 1, width), c1 = column_transform(rows, step, x0, width);
+  for (int t = 0; t < tiles; ++t) {
+    const int ix = x0 + 2 * t;
+    const Column c2 = column_transform(rows, step, ix + 1, width), c3 = column_transform(rows, step, ix + 2, width);
+    float* o = v + t * ci;
+    for (int i = 0; i < 4; ++i, o += 4 * v_step) {
+      _mm512_storeu_ps(o, _mm512_sub_ps(c0.r[i], c2.r[i]));
+      _mm512_storeu_ps(o + v_step, _mm512_add_ps(c1.r[i], c2.r[i]));
+      _mm512_storeu_ps(o + 2 * v_step, _mm512_sub_ps(c2.r[i], c1.r[i]));
+      _mm512_storeu_ps(o + 3 * v_step, _mm512_sub_ps(c1.r[i], c3.r[i]));
+    }
+    c0 = c2;
+    c1 = c3;
   }
 }
 
@@ -110,46 +146,66 @@ __attribute__((always_inline)) inline void output_transform(const float* m, int6
   }
 }
 
-template <int CI>
+template <int CI, int NB>
 void conv_segment(const float* x, int64_t b, int ty, int tx0, int height, int width, const float* U,
                   const float* bias, int64_t co_total, float* y, float* V, float* M) {
+  constexpr int W = 16 * NB;  // output channels per block
   const int tiles_w = (width + 1) / 2, tiles = std::min(kSegment, tiles_w - tx0);
-  const int padded = (tiles + kTiles - 1) / kTiles * kTiles;  // whole register tiles; the extra ones read zeros
+  const int padded = (tiles + kTiles<NB> - 1) / kTiles<NB> * kTiles<NB>;  // whole register tiles; extras read zeros
+  // the four input rows of this row of tiles; outside the image a row of zeros read with step 0
+  alignas(64) static const float zeros[64] = {};
   const float* rows[4];
+  int64_t step[4];
   for (int i = 0; i < 4; ++i) {
     const int iy = 2 * ty - 1 + i;
-    rows[i] = iy >= 0 && iy < height ? x + ((b * height + iy) * width) * (int64_t)CI : nullptr;
+    const bool inside = iy >= 0 && iy < height;
+    rows[i] = inside ? x + ((b * height + iy) * width) * (int64_t)CI : zeros;
+    step[i] = inside ? CI : 0;
   }
-  const int64_t v_step = (int64_t)kSegment * CI;
-  for (int t = 0; t < padded; ++t)
-    for (int64_t c = 0; c < CI; c += 16)
-      input_transform(rows, CI, 2 * (tx0 + t) - 1, width, t < tiles, c, V + t * CI + c, v_step);
+  const int64_t v_step = position_stride(CI);
+  for (int c = 0; c < CI; c += 16) {
+    const float* chunk[4];
+    for (int i = 0; i < 4; ++i) chunk[i] = step[i] ? rows[i] + c : zeros;
+    // the padded tiles past the segment's last one read columns past the image (zeros) or inside it (finite):
+    // their products are computed and never written out
+    input_transform(chunk, step, 2 * tx0, width, padded, CI, V + c, v_step);
+  }
   const bool second_row = 2 * ty + 1 < height;
   const int64_t row_step = (int64_t)width * co_total;
   float* out_row = y + ((b * height + 2 * ty) * width) * co_total;
-  for (int64_t co = 0; co < co_total; co += 32) {
-    gemm_positions<CI>(V, U, co_total, co, padded, M);
+  for (int64_t co = 0; co < co_total; co += W) {
+    gemm_positions<CI, NB>(V, U, co_total, co, padded, M);
     for (int t = 0; t < tiles; ++t) {
       const int ox = 2 * (tx0 + t);
-      for (int k = 0; k < 32; k += 16)
-        output_transform(M + t * 32 + k, (int64_t)kSegment * 32, bias + co + k, out_row + ox * co_total + co + k,
+      for (int k = 0; k < W; k += 16)
+        output_transform(M + t * W + k, position_stride(W), bias + co + k, out_row + ox * co_total + co + k,
                          row_step, co_total, second_row, ox + 1 < width);
     }
   }
 }
 
-template <int CI>
+template <int CI, int NB>
 void conv(const float* x, int64_t batch, int height, int width, const float* U, const float* bias, int64_t co_total,
           float* y) {
   const int tiles_h = (height + 1) / 2, segments = ((width + 1) / 2 + kSegment - 1) / kSegment;
   at::parallel_for(0, batch * tiles_h * segments, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> V((size_t)16 * kSegment * CI), M((size_t)16 * kSegment * 32);
+    std::vector<float> V(16 * position_stride(CI)), M(16 * position_stride(16 * NB));
     for (int64_t job = begin; job < end; ++job) {
       const int64_t b = job / (tiles_h * segments);
       const int ty = job / segments % tiles_h, segment = job % segments;
-      conv_segment<CI>(x, b, ty, segment * kSegment, height, width, U, bias, co_total, y, V.data(), M.data());
+      conv_segment<CI, NB>(x, b, ty, segment * kSegment, height, width, U, bias, co_total, y, V.data(), M.data());
     }
   });
+}
+
+// 32 output channels per register tile where they divide, 16 otherwise
+template <int CI>
+void conv_channels(const float* x, int64_t batch, int height, int width, const float* U, const float* bias,
+                   int64_t co_total, float* y) {
+  if (co_total % 32 == 0)
+    conv<CI, 2>(x, batch, height, width, U, bias, co_total, y);
+  else
+    conv<CI, 1>(x, batch, height, width, U, bias, co_total, y);
 }
 
 #pragma GCC pop_options
@@ -177,7 +233,7 @@ torch::Tensor conv3x3(const torch::Tensor& x, const torch::Tensor& packed, const
                   packed.scalar_type() == at::kFloat,
               "packed: a contiguous float32 (16, Ci, Co) weight");
   const int64_t co = packed.size(2);
-  TORCH_CHECK(co % 32 == 0, "output channels must be a multiple of 32, got ", co);
+  TORCH_CHECK(co % 16 == 0, "output channels must be a multiple of 16, got ", co);
   TORCH_CHECK(bias.dim() == 1 && bias.size(0) == co && bias.is_contiguous() && bias.scalar_type() == at::kFloat,
               "bias: a contiguous float32 (Co,)");
   auto y = torch::empty({batch, co, height, width}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
@@ -186,10 +242,10 @@ torch::Tensor conv3x3(const torch::Tensor& x, const torch::Tensor& packed, const
   const float *xp = x.data_ptr<float>(), *up = packed.data_ptr<float>(), *bp = bias.data_ptr<float>();
   float* yp = y.data_ptr<float>();
   switch (ci) {
-    case 16: conv<16>(xp, batch, height, width, up, bp, co, yp); break;
-    case 32: conv<32>(xp, batch, height, width, up, bp, co, yp); break;
-    case 48: conv<48>(xp, batch, height, width, up, bp, co, yp); break;
-    default: conv<64>(xp, batch, height, width, up, bp, co, yp); break;
+    case 16: conv_channels<16>(xp, batch, height, width, up, bp, co, yp); break;
+    case 32: conv_channels<32>(xp, batch, height, width, up, bp, co, yp); break;
+    case 48: conv_channels<48>(xp, batch, height, width, up, bp, co, yp); break;
+    default: conv_channels<64>(xp, batch, height, width, up, bp, co, yp); break;
   }
 #endif
   return y;
