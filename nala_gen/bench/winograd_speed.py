@@ -24,9 +24,9 @@ from pathlib import Path
 
 from nala_gen.bench.common import machine_info, run_stamp, run_worker
 
-# (in, out, LR side) of NaLaSR-light's Winograd convolutions at 1 MP out: its residual units' and ARFBs' 16 -> 32
-# and 32 -> 32 (at full and pooled resolution), the transformer's two 32 -> 160
-SHAPES = ((16, 32, 250), (32, 32, 250), (32, 160, 250), (16, 32, 125), (32, 32, 125))
+# (in, out, LR side) of NaLaSR-light's Winograd convolutions at 1 MP out: its residual units' 32 -> 16 and 16 -> 32
+# and the ARFBs' 32 -> 32 (at full and pooled resolution), the transformer's two 32 -> 160
+SHAPES = ((32, 16, 250), (16, 32, 250), (32, 32, 250), (32, 160, 250), (32, 16, 125), (16, 32, 125), (32, 32, 125))
 
 
 def _alternated(calls: dict, repeats: int) -> dict[str, list[float]]:

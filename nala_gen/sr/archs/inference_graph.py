@@ -279,7 +279,7 @@ class ConvolvedTokens:
         composed = (w @ self.weight.flatten(1)).view(-1, *self.weight.shape[1:])
         offset = w @ self.reduce_bias if bias is None else torch.addmv(bias.to(w.dtype), w, self.reduce_bias)
         part, rows = _rows_with_halo(self.x, start, stop, 1)
-        out = ComposedTransformer._tokens(F.conv2d(part, composed, padding=1)[..., rows, :])
+        out = ComposedTransformer._tokens(winograd.conv3x3(part, composed)[..., rows, :])
         tokens = slice(start * self.hw[1], None if stop is None else stop * self.hw[1])
         return out.addcmul_(self.mean[:, tokens], w @ self.reduce_sum, value=-1).mul_(self.rstd[:, tokens]).add_(offset)
 
@@ -558,16 +558,19 @@ class ComposedTransformer(nn.Module):
             "fc1_bias": _padded_rows(w_1 @ f64(et.norm2.bias) + b_1),
             "proj_bias_sum": b_p.sum().view(1),
             "proj_bias_sq": (b_p @ b_p).view(1),
-            "fold_h": w_p.T.reshape(self.reduced, channels, 3, 3),  # conv_transpose2d: (in, out, 3, 3)
-            "fold_z": _padded_rows(w_2.T.reshape(self.hidden, channels, 3, 3)),
+            # the fold's transposed convolutions of h and z as 3x3 convolutions (stride 1, padding 1: the same map
+            # with conv_transpose2d's (in, out, 3, 3) weight swapped to (out, in) and flipped), so that they run by
+            # the Winograd kernels too
+            "fold_h": _as_convolution(w_p.T.reshape(self.reduced, channels, 3, 3)),
+            "fold_z": _as_convolution(_padded_rows(w_2.T.reshape(self.hidden, channels, 3, 3))),
             "fold_bias": (b_p + b_2).view(1, channels, 3, 3),
             "fold_bias_inside": (b_p + b_2).view(channels, 9).sum(1),  # a pixel that all nine windows cover
             "box": torch.ones(1, 1, 3, 3, dtype=torch.float64),
         }
         for name, value in buffers.items():
             self.register_buffer(name, value.to(like), persistent=False)
-        for part in ("in", "proj"):  # the two 3x3 convolutions of x wide enough for the Winograd kernels
-            self.register_buffer(f"x_packed_{part}", winograd.pack(getattr(self, f"x_weight_{part}")), persistent=False)
+        for name in ("x_weight_in", "x_weight_proj", "x_weight_fc1", "fold_h", "fold_z"):  # the 3x3 convolutions
+            self.register_buffer(f"{name}_packed", winograd.pack(getattr(self, name)), persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C, H, W) -> (B, C, H, W), the Efficient Transformer's output.
@@ -643,7 +646,7 @@ class ComposedTransformer(nn.Module):
         (B, n, 2), n their tokens."""
         d, r = self.dim, self.reduced
         part, rows = _rows_with_halo(x, start, stop, 1)
-        conv = self._tokens(winograd.conv3x3(part, self.x_weight_in, packed=self.x_packed_in)[..., rows, :])
+        conv = self._tokens(winograd.conv3x3(part, self.x_weight_in, packed=self.x_weight_in_packed)[..., rows, :])
         part, rows = _rows_with_halo(square_sum, start, stop, 1)
         sums = torch.cat([conv[..., r : r + 1], self._tokens(F.conv2d(part, self.box, padding=1)[..., rows, :])], -1)
         mean_t = sums[..., :1] / d
@@ -664,14 +667,14 @@ class ComposedTransformer(nn.Module):
         else:
             part, rows = _rows_with_halo(x, first, last, 1)
             sums, hw = sums[:, first * width : last * width], (last - first, width)
-        conv = self._tokens(winograd.conv3x3(part, self.x_weight_proj, packed=self.x_packed_proj)[..., rows, :])
+        conv = self._tokens(winograd.conv3x3(part, self.x_weight_proj, packed=self.x_weight_proj_packed)[..., rows, :])
         lin = _pointwise(h, hw, self.h_weight_proj)  # (B, n, R + 2 + pad)
         mean_a = (sums[..., :1] + lin[..., r : r + 1] + self.proj_bias_sum) / d
         t_dot_o = _row_dot(conv[..., :r], h) + conv[..., r : r + 1]
         o_sq = _row_dot(lin[..., :r], h) + 2 * lin[..., r + 1 : r + 2] + self.proj_bias_sq
         del conv, lin
         rstd_a = torch.rsqrt((sums[..., 1:] + 2 * t_dot_o + o_sq) / d - mean_a.square() + self.eps2)
-        pre = self._tokens(F.conv2d(part, self.x_weight_fc1, padding=1)[..., rows, :])
+        pre = self._tokens(winograd.conv3x3(part, self.x_weight_fc1, packed=self.x_weight_fc1_packed)[..., rows, :])
         pre.add_(_pointwise(h, hw, self.h_weight_fc1)).add_(self.fc1_inner)
         z = pre.addcmul_(mean_a, self.fc1_sum, value=-1).mul_(rstd_a).add_(self.fc1_bias).relu_()  # (B, n, M + pad)
         del pre  # the fold below holds only h and z
@@ -679,8 +682,8 @@ class ComposedTransformer(nn.Module):
         def grid(t: Tensor) -> Tensor:  # (B, n, K) -> (B, K, last - first, W), channels-last strides
             return t.reshape(b, hw[0], width, -1).permute(0, 3, 1, 2)
 
-        out = F.conv_transpose2d(grid(h), self.fold_h, self.fold_bias_inside, padding=1)
-        out += F.conv_transpose2d(grid(z), self.fold_z, padding=1)
+        out = winograd.conv3x3(grid(h), self.fold_h, self.fold_bias_inside, self.fold_h_packed)
+        out += winograd.conv3x3(grid(z), self.fold_z, packed=self.fold_z_packed)
         return out if stop is None else out[..., start - first : stop - first, :]
 
     def _add_fold_edges(self, out: Tensor, x: Tensor) -> Tensor:
@@ -946,6 +949,12 @@ class FoldedBody(nn.Module):
                 merged = merged.add_(winograd.conv3x3(feat, weight, packed=packed))
         del feat
         return self.conv(self.transformer(merged)).add_(_float32(self.head, image), alpha=self.scale_x)
+
+
+def _as_convolution(weight: Tensor) -> Tensor:
+    """A stride-1 ``conv_transpose2d`` weight (in, out, k, k) -> the ``conv2d`` weight (out, in, k, k) of the same map
+    (with padding k - 1 - p for the transposed convolution's p)."""
+    return weight.transpose(0, 1).flip(-2, -1).contiguous()
 
 
 def _float32(layer: nn.Module, x: Tensor) -> Tensor:

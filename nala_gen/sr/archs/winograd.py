@@ -7,7 +7,7 @@ is. The C++ kernels (``csrc/winograd.cpp``, built with the package) run on CPUs 
 matrices have entries 0, +-1 and +-1/2, so results match the direct convolution to float32 rounding (tests pin it).
 
 :func:`conv3x3` uses them where they apply, and ``F.conv2d`` everywhere else: float32 CPU tensors outside autograd,
-autocast and tracing (an ONNX export or ``torch.compile`` sees ``conv2d``), 16, 32, 48 or 64 input channels and
+autocast and tracing (an ONNX export or ``torch.compile`` sees ``conv2d``), 16, 32, 48, 64, 80 or 144 input channels and
 a multiple of 16 output channels, and not under a dispatch mode (``torch.utils.flop_counter`` counts the direct
 convolution's FLOPs, the network's own arithmetic).
 ``NALA_GEN_WINOGRAD=0`` turns them off.
@@ -33,7 +33,7 @@ else:
     _WHY_NOT = None if _op.available() else "this CPU has no AVX-512F"
 
 Tensor = torch.Tensor
-INPUT_CHANNELS = (16, 32, 48, 64)  # compiled as constants (csrc/winograd.cpp)
+INPUT_CHANNELS = (16, 32, 48, 64, 80, 144)  # compiled as constants (csrc/winograd.cpp)
 OUTPUT_CHANNEL_MULTIPLE = 16  # one 16-float vector of output channels: register tiles of 32 where they divide
 # G of F(2x2, 3x3): the weight's transform G g G^T (rows: g0; (g0 + g1 + g2) / 2; (g0 - g1 + g2) / 2; g2)
 _G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))

@@ -220,7 +220,7 @@ bool available() {
 }
 
 // The input channel counts compiled (a constant each: see gemm_tile).
-bool supports_channels(int64_t ci) { return ci == 16 || ci == 32 || ci == 48 || ci == 64; }
+bool supports_channels(int64_t ci) { return ci == 16 || ci == 32 || ci == 48 || ci == 64 || ci == 80 || ci == 144; }
 
 // x (B, Ci, H, W) channels-last float32; packed (16, Ci, Co) = G g G^T; bias (Co,) -> (B, Co, H, W) channels-last.
 torch::Tensor conv3x3(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
@@ -228,7 +228,7 @@ torch::Tensor conv3x3(const torch::Tensor& x, const torch::Tensor& packed, const
   TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "x: a 4-D float32 CPU tensor");
   TORCH_CHECK(x.is_contiguous(at::MemoryFormat::ChannelsLast), "x must be channels-last contiguous");
   const int64_t batch = x.size(0), ci = x.size(1), height = x.size(2), width = x.size(3);
-  TORCH_CHECK(supports_channels(ci), "input channels must be 16, 32, 48 or 64, got ", ci);
+  TORCH_CHECK(supports_channels(ci), "input channels must be 16, 32, 48, 64, 80 or 144, got ", ci);
   TORCH_CHECK(packed.dim() == 3 && packed.size(0) == 16 && packed.size(1) == ci && packed.is_contiguous() &&
                   packed.scalar_type() == at::kFloat,
               "packed: a contiguous float32 (16, Ci, Co) weight");
@@ -245,7 +245,9 @@ torch::Tensor conv3x3(const torch::Tensor& x, const torch::Tensor& packed, const
     case 16: conv_channels<16>(xp, batch, height, width, up, bp, co, yp); break;
     case 32: conv_channels<32>(xp, batch, height, width, up, bp, co, yp); break;
     case 48: conv_channels<48>(xp, batch, height, width, up, bp, co, yp); break;
-    default: conv_channels<64>(xp, batch, height, width, up, bp, co, yp); break;
+    case 64: conv_channels<64>(xp, batch, height, width, up, bp, co, yp); break;
+    case 80: conv_channels<80>(xp, batch, height, width, up, bp, co, yp); break;
+    default: conv_channels<144>(xp, batch, height, width, up, bp, co, yp); break;
   }
 #endif
   return y;
