@@ -38,8 +38,11 @@ def test_matches_the_direct_convolution(batch, c_in, c_out, height, width):
         ours = (y.double() - direct(x, weight, bias)).abs().max().item()
         theirs = (F.conv2d(x, weight, bias, padding=1).double() - direct(x, weight, bias)).abs().max().item()
     assert y.shape == (batch, c_out, height, width) and y.is_contiguous(memory_format=torch.channels_last)
-    # within float32 rounding, as PyTorch's own float32 convolution is (a wrong tap or transform is off by ~0.1)
-    assert ours < max(4 * theirs, 1e-6), (ours, theirs)
+    # within float32 rounding, as PyTorch's own float32 convolution is (a wrong tap or transform is off by ~0.1);
+    # F(4x4, 3x3)'s transforms have entries up to 8 and round up to ~10x wider than the direct convolution
+    large_tile = c_in in winograd.LARGE_TILE_CHANNELS
+    assert winograd.pack(weight).shape == ((36 if large_tile else 16), c_in, c_out)
+    assert ours < max((16 if large_tile else 4) * theirs, 1e-6), (ours, theirs)
 
 
 @needs_kernels
@@ -50,7 +53,7 @@ def test_row_slices_strided_inputs_and_no_bias():
     with torch.inference_mode():
         for x in (full[..., 3:11, :], torch.randn(1, 32, 9, 20).transpose(-1, -2)):  # a band of rows; NCHW strides
             y = winograd.conv3x3(x, weight)
-            assert (y.double() - direct(x, weight, None)).abs().max() < 1e-5
+            assert (y.double() - direct(x, weight, None)).abs().max() < 5e-5  # F(4x4, 3x3) at 32 channels
 
 
 def test_falls_back_to_pytorch_where_the_kernels_do_not_apply():

@@ -37,6 +37,16 @@ INPUT_CHANNELS = (16, 32, 48, 64, 80, 144)  # compiled as constants (csrc/winogr
 OUTPUT_CHANNEL_MULTIPLE = 16  # one 16-float vector of output channels: register tiles of 32 where they divide
 # G of F(2x2, 3x3): the weight's transform G g G^T (rows: g0; (g0 + g1 + g2) / 2; (g0 - g1 + g2) / 2; g2)
 _G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
+# G of F(4x4, 3x3), interpolation points 0, +-1, +-2 and infinity (the kernel's B^T and A^T match them)
+_G4 = (
+    (1 / 4, 0.0, 0.0),
+    (-1 / 6, -1 / 6, -1 / 6),
+    (-1 / 6, 1 / 6, -1 / 6),
+    (1 / 24, 1 / 12, 1 / 6),
+    (1 / 24, -1 / 12, 1 / 6),
+    (0.0, 0.0, 1.0),
+)
+LARGE_TILE_CHANNELS = (16, 32)  # input channels run by F(4x4, 3x3); the others by F(2x2, 3x3)
 
 
 def unavailable_reason() -> str | None:
@@ -49,10 +59,13 @@ def enabled() -> bool:
 
 
 def pack(weight: Tensor) -> Tensor:
-    """A (Co, Ci, 3, 3) weight -> its transform G g G^T, (16, Ci, Co) float32, position-major (computed in float64)."""
-    g = torch.tensor(_G, dtype=torch.float64, device=weight.device)
+    """A (Co, Ci, 3, 3) weight -> its transform G g G^T, position-major float32 (computed in float64): (36, Ci, Co)
+    for F(4x4, 3x3) where Ci is in ``LARGE_TILE_CHANNELS``, (16, Ci, Co) for F(2x2, 3x3) otherwise; the kernel
+    runs the one the transform's size says."""
+    rows = _G4 if weight.shape[1] in LARGE_TILE_CHANNELS else _G
+    g = torch.tensor(rows, dtype=torch.float64, device=weight.device)
     packed = torch.einsum("ik,ockl,jl->ijco", g, weight.detach().double(), g)
-    return packed.reshape(16, weight.shape[1], weight.shape[0]).float().contiguous()
+    return packed.reshape(len(rows) ** 2, weight.shape[1], weight.shape[0]).float().contiguous()
 
 
 def applies(x: Tensor, weight: Tensor) -> bool:
@@ -87,7 +100,7 @@ def conv3x3(x: Tensor, weight: Tensor, bias: Tensor | None = None, packed: Tenso
 
 
 def winograd_conv3x3(x: Tensor, packed: Tensor, bias: Tensor) -> Tensor:
-    """The kernels themselves: x (B, Ci, H, W) channels-last float32, ``packed`` (16, Ci, Co), ``bias`` (Co,) ->
+    """The kernels themselves: x (B, Ci, H, W) channels-last float32, ``packed`` (16 or 36, Ci, Co), ``bias`` (Co,) ->
     (B, Co, H, W) channels-last. Seen by ``torch.profiler`` (as ``nala_gen::winograd_conv3x3``) and by
     ``__torch_function__`` modes, so a profile counts it among the convolutions."""
     if has_torch_function((x,)):

@@ -42,7 +42,7 @@ constexpr int kSkew = 16;     // floats between positions' blocks of V and M bey
                               // be multiples of 4 KB, so the 16 positions of a tile would fall in one L1 set
 
 // floats from one position's block of V (tiles x CI) or M (tiles x width) to the next
-constexpr int64_t position_stride(int channels) { return (int64_t)kSegment * channels + kSkew; }
+constexpr int64_t position_stride(int channels, int segment = kSegment) { return (int64_t)segment * channels + kSkew; }
 
 // A register tile: 16 accumulators of 16 floats, kTiles<NB> tiles x NB vectors of output channels (NB = 2: 8 tiles
 // x 32 channels; NB = 1: 16 tiles x 16 channels, for outputs of 16k channels).
@@ -68,12 +68,13 @@ __attribute__((always_inline)) inline void gemm_tile(const float* v, const float
     for (int k = 0; k < NB; ++k) _mm512_storeu_ps(m + t * 16 * NB + 16 * k, acc[t][k]);
 }
 
-template <int CI, int NB>
+// M_p = V_p @ U_p for the P positions of a tile (16 for F(2x2, 3x3), 36 for F(4x4, 3x3)), S tiles per segment
+template <int CI, int NB, int P = 16, int S = kSegment>
 void gemm_positions(const float* V, const float* U, int64_t co_total, int64_t co, int tiles, float* M) {
-  for (int p = 0; p < 16; ++p) {
-    const float* v = V + p * position_stride(CI);
+  for (int p = 0; p < P; ++p) {
+    const float* v = V + p * position_stride(CI, S);
     const float* u = U + (int64_t)p * CI * co_total + co;
-    float* m = M + p * position_stride(16 * NB);
+    float* m = M + p * position_stride(16 * NB, S);
     for (int t = 0; t < tiles; t += kTiles<NB>) gemm_tile<CI, NB>(v + t * CI, u, co_total, m + t * 16 * NB);
   }
 }
@@ -208,6 +209,142 @@ void conv_channels(const float* x, int64_t batch, int height, int width, const f
     conv<CI, 1>(x, batch, height, width, U, bias, co_total, y);
 }
 
+
+// ---- F(4x4, 3x3): 6x6 input patches, 4x4 blocks of outputs, 36 positions: 36 multiply-adds per channel pair for
+// 16 outputs (2.25 each against F(2x2, 3x3)'s 4), for larger transforms with entries up to 8 (B^T, A^T below; the
+// weight's G g G^T is made by the caller). Used for 16 and 32 input channels, where the products are the larger
+// share; the rounding stays near float32's (tests).
+
+constexpr int kSegment4 = 32;  // 4x4 blocks per job: V and M of 36 positions stay in L2 (2 x 150 KB at 32 channels)
+
+// B^T x of 6 values (rows of a patch column, or a row of the column-transformed patch)
+__attribute__((always_inline)) inline void bt6(const __m512 x[6], __m512 r[6]) {
+  const __m512 four = _mm512_set1_ps(4.f), five = _mm512_set1_ps(5.f), two = _mm512_set1_ps(2.f);
+  const __m512 a = _mm512_fnmadd_ps(four, x[2], x[4]), b = _mm512_fnmadd_ps(four, x[1], x[3]);
+  const __m512 c = _mm512_sub_ps(x[4], x[2]), e = _mm512_mul_ps(two, _mm512_sub_ps(x[3], x[1]));
+  r[0] = _mm512_fmadd_ps(four, x[0], _mm512_fnmadd_ps(five, x[2], x[4]));
+  r[1] = _mm512_add_ps(a, b);
+  r[2] = _mm512_sub_ps(a, b);
+  r[3] = _mm512_add_ps(c, e);
+  r[4] = _mm512_sub_ps(c, e);
+  r[5] = _mm512_fmadd_ps(four, x[1], _mm512_fnmadd_ps(five, x[3], x[5]));
+}
+
+// A^T m of 6 values -> 4
+__attribute__((always_inline)) inline void at6(const __m512 m[6], __m512 o[4]) {
+  const __m512 s12 = _mm512_add_ps(m[1], m[2]), d12 = _mm512_sub_ps(m[1], m[2]);
+  const __m512 s34 = _mm512_add_ps(m[3], m[4]), d34 = _mm512_sub_ps(m[3], m[4]);
+  o[0] = _mm512_add_ps(_mm512_add_ps(m[0], s12), s34);
+  o[1] = _mm512_fmadd_ps(_mm512_set1_ps(2.f), d34, d12);
+  o[2] = _mm512_fmadd_ps(_mm512_set1_ps(4.f), s34, s12);
+  o[3] = _mm512_add_ps(_mm512_fmadd_ps(_mm512_set1_ps(8.f), d34, d12), m[5]);
+}
+
+// B^T d B of one 6x6 patch, 16 channels, into V[p][t] (v + p * v_step, p = 6 i + j); rows[i] + ix * step[i] is
+// row i's pixel ix (step 0: a row of zeros), columns outside [0, width) are zeros.
+__attribute__((always_inline)) inline void input_transform4(const float* const rows[6], const int64_t step[6], int x0,
+                                                            int width, float* v, int64_t v_step) {
+  __m512 t[6][6];  // t[i][j]: (B^T d)[i] of column j
+  for (int j = 0; j < 6; ++j) {
+    const int ix = x0 + j;
+    __m512 d[6];
+    if (ix >= 0 && ix < width) {
+      for (int i = 0; i < 6; ++i) d[i] = _mm512_loadu_ps(rows[i] + ix * step[i]);
+    } else {
+      for (int i = 0; i < 6; ++i) d[i] = _mm512_setzero_ps();
+    }
+    __m512 r[6];
+    bt6(d, r);
+    for (int i = 0; i < 6; ++i) t[i][j] = r[i];
+  }
+  for (int i = 0; i < 6; ++i) {
+    __m512 r[6];
+    bt6(t[i], r);
+    for (int j = 0; j < 6; ++j) _mm512_storeu_ps(v + (6 * i + j) * v_step, r[j]);
+  }
+}
+
+// A^T m A + bias of one block's 16 channels (m[p] at m + p * m_step) -> its 4x4 outputs, those inside the image
+// (rows: how many of the 4 rows, cols: of the 4 columns).
+__attribute__((always_inline)) inline void output_transform4(const float* m, int64_t m_step, const float* bias,
+                                                             float* out, int64_t row_step, int64_t co_total,
+                                                             int rows, int cols) {
+  __m512 a[4][6];  // a[i][j]: (A^T m)[i] of column j
+  for (int j = 0; j < 6; ++j) {
+    __m512 col[6], o[4];
+    for (int i = 0; i < 6; ++i) col[i] = _mm512_loadu_ps(m + (6 * i + j) * m_step);
+    at6(col, o);
+    for (int i = 0; i < 4; ++i) a[i][j] = o[i];
+  }
+  const __m512 b = _mm512_loadu_ps(bias);
+  for (int i = 0; i < rows; ++i) {
+    __m512 o[4];
+    at6(a[i], o);
+    for (int j = 0; j < cols; ++j) _mm512_storeu_ps(out + i * row_step + j * co_total, _mm512_add_ps(o[j], b));
+  }
+}
+
+template <int CI, int NB>
+void conv_segment4(const float* x, int64_t b, int ty, int tx0, int height, int width, const float* U,
+                   const float* bias, int64_t co_total, float* y, float* V, float* M) {
+  constexpr int W = 16 * NB;
+  const int tiles_w = (width + 3) / 4, tiles = std::min(kSegment4, tiles_w - tx0);
+  const int padded = (tiles + kTiles<NB> - 1) / kTiles<NB> * kTiles<NB>;
+  alignas(64) static const float zeros[64] = {};
+  const float* rows[6];
+  int64_t step[6];
+  for (int i = 0; i < 6; ++i) {
+    const int iy = 4 * ty - 1 + i;
+    const bool inside = iy >= 0 && iy < height;
+    rows[i] = inside ? x + ((b * height + iy) * width) * (int64_t)CI : zeros;
+    step[i] = inside ? CI : 0;
+  }
+  const int64_t v_step = position_stride(CI, kSegment4);
+  for (int c = 0; c < CI; c += 16) {
+    const float* chunk[6];
+    for (int i = 0; i < 6; ++i) chunk[i] = step[i] ? rows[i] + c : zeros;
+    // the padded blocks past the segment's last one read columns past the image (zeros) or inside it (finite):
+    // their products are computed and never written out
+    for (int t = 0; t < padded; ++t)
+      input_transform4(chunk, step, 4 * (tx0 + t) - 1, width, V + t * CI + c, v_step);
+  }
+  const int out_rows = std::min(4, height - 4 * ty);
+  const int64_t row_step = (int64_t)width * co_total;
+  float* out_row = y + ((b * height + 4 * ty) * width) * co_total;
+  for (int64_t co = 0; co < co_total; co += W) {
+    gemm_positions<CI, NB, 36, kSegment4>(V, U, co_total, co, padded, M);
+    for (int t = 0; t < tiles; ++t) {
+      const int ox = 4 * (tx0 + t);
+      for (int k = 0; k < W; k += 16)
+        output_transform4(M + t * W + k, position_stride(W, kSegment4), bias + co + k,
+                          out_row + ox * co_total + co + k, row_step, co_total, out_rows, std::min(4, width - ox));
+    }
+  }
+}
+
+template <int CI, int NB>
+void conv4(const float* x, int64_t batch, int height, int width, const float* U, const float* bias, int64_t co_total,
+           float* y) {
+  const int tiles_h = (height + 3) / 4, segments = ((width + 3) / 4 + kSegment4 - 1) / kSegment4;
+  at::parallel_for(0, batch * tiles_h * segments, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> V(36 * position_stride(CI, kSegment4)), M(36 * position_stride(16 * NB, kSegment4));
+    for (int64_t job = begin; job < end; ++job) {
+      const int64_t b = job / (tiles_h * segments);
+      const int ty = job / segments % tiles_h, segment = job % segments;
+      conv_segment4<CI, NB>(x, b, ty, segment * kSegment4, height, width, U, bias, co_total, y, V.data(), M.data());
+    }
+  });
+}
+
+template <int CI>
+void conv4_channels(const float* x, int64_t batch, int height, int width, const float* U, const float* bias,
+                    int64_t co_total, float* y) {
+  if (co_total % 32 == 0)
+    conv4<CI, 2>(x, batch, height, width, U, bias, co_total, y);
+  else
+    conv4<CI, 1>(x, batch, height, width, U, bias, co_total, y);
+}
+
 #pragma GCC pop_options
 #endif
 
@@ -229,9 +366,10 @@ torch::Tensor conv3x3(const torch::Tensor& x, const torch::Tensor& packed, const
   TORCH_CHECK(x.is_contiguous(at::MemoryFormat::ChannelsLast), "x must be channels-last contiguous");
   const int64_t batch = x.size(0), ci = x.size(1), height = x.size(2), width = x.size(3);
   TORCH_CHECK(supports_channels(ci), "input channels must be 16, 32, 48, 64, 80 or 144, got ", ci);
-  TORCH_CHECK(packed.dim() == 3 && packed.size(0) == 16 && packed.size(1) == ci && packed.is_contiguous() &&
-                  packed.scalar_type() == at::kFloat,
-              "packed: a contiguous float32 (16, Ci, Co) weight");
+  const int64_t positions = packed.dim() == 3 ? packed.size(0) : 0;
+  TORCH_CHECK((positions == 16 || (positions == 36 && (ci == 16 || ci == 32))) && packed.size(1) == ci &&
+                  packed.is_contiguous() && packed.scalar_type() == at::kFloat,
+              "packed: a contiguous float32 (16, Ci, Co) weight, or (36, Ci, Co) for 16 or 32 input channels");
   const int64_t co = packed.size(2);
   TORCH_CHECK(co % 16 == 0, "output channels must be a multiple of 16, got ", co);
   TORCH_CHECK(bias.dim() == 1 && bias.size(0) == co && bias.is_contiguous() && bias.scalar_type() == at::kFloat,
@@ -241,6 +379,13 @@ torch::Tensor conv3x3(const torch::Tensor& x, const torch::Tensor& packed, const
 #ifdef NALA_WINOGRAD_X86
   const float *xp = x.data_ptr<float>(), *up = packed.data_ptr<float>(), *bp = bias.data_ptr<float>();
   float* yp = y.data_ptr<float>();
+  if (positions == 36) {
+    if (ci == 16)
+      conv4_channels<16>(xp, batch, height, width, up, bp, co, yp);
+    else
+      conv4_channels<32>(xp, batch, height, width, up, bp, co, yp);
+    return y;
+  }
   switch (ci) {
     case 16: conv_channels<16>(xp, batch, height, width, up, bp, co, yp); break;
     case 32: conv_channels<32>(xp, batch, height, width, up, bp, co, yp); break;
