@@ -108,3 +108,35 @@ def test_layer_keeps_its_transformed_weight_until_the_weight_changes():
     others = (torch.nn.Conv2d(32, 24, 3, padding=1), torch.nn.Conv2d(32, 32, 3, padding=2), torch.nn.Conv2d(32, 32, 1))
     for other in others:
         assert winograd.winograd_layer(other) is other  # shapes or layouts the kernels do not run stay as they are
+
+
+@needs_kernels
+@pytest.mark.parametrize(
+    ("batch", "c_in", "c_out", "height", "width"),
+    [
+        (1, 144, 144, 9, 13),  # 117 pixels: a block of 64 and one of 53 (tails of 8- and 16-pixel tiles)
+        (2, 32, 32, 4, 2),  # 8 pixels per image, 16 in all: 32-channel tiles whole, no tail
+        (1, 144, 48, 1, 8),  # 48 = 32 + 16: both tile widths; 8 pixels: a tail for the 16-pixel tiles only
+        (1, 32, 16, 5, 5),
+    ],
+)
+def test_1x1_kernel_matches_the_direct_convolution(batch, c_in, c_out, height, width):
+    torch.manual_seed(4)
+    x = torch.randn(batch, c_in, height, width).contiguous(memory_format=torch.channels_last)
+    weight, bias = torch.randn(c_out, c_in, 1, 1) / c_in**0.5, torch.randn(c_out)
+    with torch.inference_mode():
+        assert winograd.applies_1x1(x, weight)
+        y = winograd.conv1x1(x, weight, bias)
+        reference = F.conv2d(x.double(), weight.double(), bias.double())
+        ours = (y.double() - reference).abs().max().item()
+        theirs = (F.conv2d(x, weight, bias).double() - reference).abs().max().item()
+        assert (winograd.conv1x1(x, weight).double() - reference + bias.double().view(1, -1, 1, 1)).abs().max() < 1e-5
+    assert y.shape == (batch, c_out, height, width) and y.is_contiguous(memory_format=torch.channels_last)
+    assert ours < max(4 * theirs, 1e-6), (ours, theirs)
+
+
+def test_1x1_falls_back_to_pytorch_where_its_kernel_does_not_apply():
+    x, weight = torch.randn(1, 48, 4, 4), torch.randn(32, 48, 1, 1)
+    assert not winograd.applies_1x1(x, weight)  # 48 input channels: not compiled
+    assert torch.equal(winograd.conv1x1(x, weight), F.conv2d(x, weight))
+    assert not winograd.applies_1x1(x[:, :32], torch.randn(24, 32, 1, 1))  # 24 outputs: not a multiple of 16

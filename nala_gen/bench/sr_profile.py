@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from nala_gen.sr.archs.winograd import winograd_conv3x3
+from nala_gen.sr.archs.winograd import pointwise_conv, winograd_conv3x3
 
 
 def _layer_times(net: torch.nn.Module, x: torch.Tensor, repeats: int, depth: int) -> list[dict]:
@@ -88,7 +88,12 @@ class _ConvolutionTimer(TorchFunctionMode):
     """Times every 2-D convolution called while active, by shape. A convolution on the CPU returns when done, so
     the wall time around the call is its time (its layout reorders included, which is what a caller pays)."""
 
-    KINDS = {F.conv2d: "conv", F.conv_transpose2d: "transposed", winograd_conv3x3: "winograd"}
+    KINDS = {
+        F.conv2d: "conv",
+        F.conv_transpose2d: "transposed",
+        winograd_conv3x3: "winograd",
+        pointwise_conv: "1x1 kernel",
+    }
 
     def __init__(self) -> None:
         super().__init__()
@@ -107,9 +112,12 @@ class _ConvolutionTimer(TorchFunctionMode):
         # weight: (out, in / groups, kh, kw) for conv, (in, out / groups, kh, kw) for the transposed one; each
         # multiply-add of the larger side's elements reads weight.shape[1] * kh * kw inputs of the other
         kh, kw = weight.shape[-2:]
-        if kind == "winograd":  # weight: the packed (16, Ci, Co)
+        if kind == "winograd":  # weight: the packed (16 or 36, Ci, Co)
             kh = kw = 3
             channels, macs = (x.shape[1], weight.shape[2]), out.numel() * x.shape[1] * 9
+        elif kind == "1x1 kernel":  # weight: (Ci, Co)
+            kh = kw = 1
+            channels, macs = (x.shape[1], weight.shape[1]), out.numel() * x.shape[1]
         elif kind == "conv":
             channels, macs = (x.shape[1], weight.shape[0]), out.numel() * weight[0].numel()
         else:

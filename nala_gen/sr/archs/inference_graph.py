@@ -180,7 +180,8 @@ class ComposedUpsampler(nn.Module):
         like = next(chain.parameters())
         self.register_buffer("weight", weight.to(like), persistent=False)
         self.register_buffer("bias", bias.to(like), persistent=False)
-        self.chain = chain
+        # the border strips' chain, its 3x3 convolutions by the Winograd kernels where they apply (shared layers)
+        self.chain = nn.Sequential(*map(winograd.winograd_layer, chain)) if isinstance(chain, nn.Sequential) else chain
         self.scale = scale
         self.radius = radius
 
@@ -240,7 +241,7 @@ def _pointwise(t: Tensor, hw: tuple[int, int], weight: Tensor, bias: Tensor | No
     channels-last map -> (B, N, out). Why: oneDNN's convolution ran these shapes (tens of thousands of tokens, 100
     to 400 wide) about twice as fast as the Linear's GEMM on this project's CPUs, and without its bias copy."""
     b, n, _ = t.shape
-    return F.conv2d(tokens_to_map(t, hw), weight, bias).permute(0, 2, 3, 1).reshape(b, n, -1)
+    return winograd.conv1x1(tokens_to_map(t, hw), weight, bias).permute(0, 2, 3, 1).reshape(b, n, -1)
 
 
 class ConvolvedTokens:
@@ -855,7 +856,7 @@ class FoldedARFB(nn.Module):
         # x1's hidden map, then its 1x1 part, so that x1 is gone before the 3x3 conv's output is made: at most x, the
         # part, the (half-width) hidden map and the output are held, not x, x1, the output and the part
         hidden = self.ru2_hidden(x1)
-        part = F.conv2d(x1, self.x1_weight)
+        part = winograd.conv1x1(x1, self.x1_weight)
         del x1
         fused = winograd.conv3x3(hidden, self.hidden_weight, self.hidden_bias, self.hidden_packed)
         del hidden
@@ -899,7 +900,8 @@ class FoldedHPB(nn.Module):
         del feat
         for _ in range(self.num_shared):
             low = self.low(low)
-        fused = upsample_to(F.conv2d(low, self.low_weight), hw).add_(F.conv2d(high, self.high_weight)).relu_()
+        fused = upsample_to(winograd.conv1x1(low, self.low_weight), hw).add_(winograd.conv1x1(high, self.high_weight))
+        fused = fused.relu_()
         return self.exit(self.attention(fused)).add_(x)
 
 

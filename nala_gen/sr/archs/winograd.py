@@ -1,16 +1,20 @@
-"""3x3 convolutions of the inference graph by Winograd's F(2x2, 3x3): 16 multiply-adds per input and output channel
-for each 2x2 block of outputs where the direct convolution needs 36.
+"""3x3 convolutions of the inference graph by Winograd's F(2x2, 3x3) and F(4x4, 3x3): 16 multiply-adds per input and
+output channel for each 2x2 block of outputs (36 for each 4x4 block) where the direct convolution needs 36 (144);
+and its 1x1 convolutions on the same register tiles (:func:`conv1x1`).
 
 Why: NaLaSR's and ESRT's convolutions have 16 to 32 input channels, which oneDNN's direct kernels run below their
 rate on wide ones (``nala-bench peers --profile``, docs/results/peers.md), so fewer multiply-adds is where the time
-is. The C++ kernels (``csrc/winograd.cpp``, built with the package) run on CPUs with AVX-512F; the transform
-matrices have entries 0, +-1 and +-1/2, so results match the direct convolution to float32 rounding (tests pin it).
+is. The C++ kernels (``csrc/winograd.cpp``, built with the package) run on CPUs with AVX-512F. F(2x2, 3x3)'s
+transform matrices have entries 0, +-1 and +-1/2, so its results match the direct convolution to float32 rounding;
+F(4x4, 3x3)'s (points 0, +-1, +-2) have entries up to 8 and round up to about ten times wider, still within the
+graph's 1e-5 of the plain layers (tests pin both). F(4x4, 3x3) runs the 16- and 32-channel inputs, where the
+products are most of the time (``LARGE_TILE_CHANNELS``; ``pack`` picks it).
 
 :func:`conv3x3` uses them where they apply, and ``F.conv2d`` everywhere else: float32 CPU tensors outside autograd,
-autocast and tracing (an ONNX export or ``torch.compile`` sees ``conv2d``), 16, 32, 48, 64, 80 or 144 input channels and
-a multiple of 16 output channels, and not under a dispatch mode (``torch.utils.flop_counter`` counts the direct
-convolution's FLOPs, the network's own arithmetic).
-``NALA_GEN_WINOGRAD=0`` turns them off.
+autocast and tracing (an ONNX export or ``torch.compile`` sees ``conv2d``), 16, 32, 48, 64, 80 or 144 input
+channels and a multiple of 16 output channels, and not under a dispatch mode (``torch.utils.flop_counter`` counts
+the direct convolution's FLOPs, the network's own arithmetic); :func:`conv1x1` likewise for 32 or 144 input
+channels. ``NALA_GEN_WINOGRAD=0`` turns them off.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ else:
 
 Tensor = torch.Tensor
 INPUT_CHANNELS = (16, 32, 48, 64, 80, 144)  # compiled as constants (csrc/winograd.cpp)
+POINTWISE_INPUT_CHANNELS = (32, 144)  # the 1x1 kernel's, compiled as constants
 OUTPUT_CHANNEL_MULTIPLE = 16  # one 16-float vector of output channels: register tiles of 32 where they divide
 # G of F(2x2, 3x3): the weight's transform G g G^T (rows: g0; (g0 + g1 + g2) / 2; (g0 - g1 + g2) / 2; g2)
 _G = ((1.0, 0.0, 0.0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0.0, 0.0, 1.0))
@@ -68,21 +73,61 @@ def pack(weight: Tensor) -> Tensor:
     return packed.reshape(len(rows) ** 2, weight.shape[1], weight.shape[0]).float().contiguous()
 
 
-def applies(x: Tensor, weight: Tensor) -> bool:
-    """Whether :func:`conv3x3` runs the Winograd kernels for this input and (Co, Ci, 3, 3) weight."""
+def _kernels_run(x: Tensor, weight: Tensor) -> bool:
+    """The conditions both kernels share: float32 CPU maps outside autograd, autocast, tracing and dispatch modes."""
     return (
         enabled()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and x.dim() == 4
-        and x.shape[1] in INPUT_CHANNELS
-        and tuple(weight.shape[1:]) == (x.shape[1], 3, 3)
         and weight.shape[0] % OUTPUT_CHANNEL_MULTIPLE == 0
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and not torch.is_autocast_enabled("cpu")
         and not tracing()
         and not is_in_torch_dispatch_mode()  # a FLOP counter or tracer sees the convolution it computes
     )
+
+
+def applies(x: Tensor, weight: Tensor) -> bool:
+    """Whether :func:`conv3x3` runs the Winograd kernels for this input and (Co, Ci, 3, 3) weight."""
+    return (
+        x.dim() == 4
+        and x.shape[1] in INPUT_CHANNELS
+        and tuple(weight.shape[1:]) == (x.shape[1], 3, 3)
+        and _kernels_run(x, weight)
+    )
+
+
+def applies_1x1(x: Tensor, weight: Tensor) -> bool:
+    """Whether :func:`conv1x1` runs its kernel for this input and (Co, Ci, 1, 1) weight."""
+    return (
+        x.dim() == 4
+        and x.shape[1] in POINTWISE_INPUT_CHANNELS
+        and tuple(weight.shape[1:]) == (x.shape[1], 1, 1)
+        and _kernels_run(x, weight)
+    )
+
+
+def conv1x1(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.conv2d(x, weight, bias)`` for a (Co, Ci, 1, 1) weight: (B, Ci, H, W) -> (B, Co, H, W), channels-last where
+    the kernel runs (the Winograd kernel's register tiles on the pixels' channels: 5-15 % faster than oneDNN on the
+    graph's 144-wide token maps, about twice on its 32-channel ones at the pooled resolution)."""
+    if not applies_1x1(x, weight):
+        return F.conv2d(x, weight, bias)
+    if bias is None:
+        bias = x.new_zeros(weight.shape[0])
+    weight_t = weight.detach().flatten(1).t().contiguous()  # (Ci, Co): a few thousand floats
+    return pointwise_conv(x.contiguous(memory_format=torch.channels_last), weight_t, bias.detach().float().contiguous())
+
+
+def pointwise_conv(x: Tensor, weight_t: Tensor, bias: Tensor) -> Tensor:
+    """The 1x1 kernel itself: x (B, Ci, H, W) channels-last float32, ``weight_t`` (Ci, Co), ``bias`` (Co,) ->
+    (B, Co, H, W) channels-last; seen by ``torch.profiler`` (as ``nala_gen::conv1x1``) and ``__torch_function__``
+    modes."""
+    if has_torch_function((x,)):
+        return handle_torch_function(pointwise_conv, (x,), x, weight_t, bias)
+    with torch.profiler.record_function("nala_gen::conv1x1"):
+        return _op.conv1x1(x, weight_t, bias)
 
 
 def conv3x3(x: Tensor, weight: Tensor, bias: Tensor | None = None, packed: Tensor | None = None) -> Tensor:

@@ -49,14 +49,17 @@ constexpr int64_t position_stride(int channels, int segment = kSegment) { return
 template <int NB>
 constexpr int kTiles = 16 / NB;
 
-// M (kTiles, 16 NB) = V (kTiles, CI) @ U (CI, 16 NB of ldu): CI a constant, so every V operand is one base register
-// plus a fixed displacement (no chain of address adds).
+// M (kTiles, 16 NB of ldm) = V (kTiles, CI) @ U (CI, 16 NB of ldu) (+ bias): CI a constant, so every V operand is
+// one base register plus a fixed displacement (no chain of address adds).
 template <int CI, int NB>
-__attribute__((always_inline)) inline void gemm_tile(const float* v, const float* u, int64_t ldu, float* m) {
+__attribute__((always_inline)) inline void gemm_tile(const float* v, const float* u, int64_t ldu, float* m,
+                                                     int64_t ldm = 16 * NB, const float* bias = nullptr) {
   constexpr int T = kTiles<NB>;
   __m512 acc[T][NB];
-  for (int t = 0; t < T; ++t)
-    for (int k = 0; k < NB; ++k) acc[t][k] = _mm512_setzero_ps();
+  for (int k = 0; k < NB; ++k) {
+    const __m512 start = bias ? _mm512_loadu_ps(bias + 16 * k) : _mm512_setzero_ps();
+    for (int t = 0; t < T; ++t) acc[t][k] = start;
+  }
   for (int ci = 0; ci < CI; ++ci) {
     __m512 w[NB];
     for (int k = 0; k < NB; ++k) w[k] = _mm512_loadu_ps(u + ci * ldu + 16 * k);
@@ -65,7 +68,7 @@ __attribute__((always_inline)) inline void gemm_tile(const float* v, const float
         asm("vfmadd231ps %2%{1to16%}, %1, %0" : "+v"(acc[t][k]) : "v"(w[k]), "m"(v[t * CI + ci]));
   }
   for (int t = 0; t < T; ++t)
-    for (int k = 0; k < NB; ++k) _mm512_storeu_ps(m + t * 16 * NB + 16 * k, acc[t][k]);
+    for (int k = 0; k < NB; ++k) _mm512_storeu_ps(m + t * ldm + 16 * k, acc[t][k]);
 }
 
 // M_p = V_p @ U_p for the P positions of a tile (16 for F(2x2, 3x3), 36 for F(4x4, 3x3)), S tiles per segment
@@ -345,6 +348,48 @@ void conv4_channels(const float* x, int64_t batch, int height, int width, const 
     conv4<CI, 1>(x, batch, height, width, U, bias, co_total, y);
 }
 
+// ---- 1x1 convolutions (the graph's per-token Linears) on the same register tiles: y (n, Co) = x (n, CI) @ W (CI,
+// Co) + bias, x and y channels-last maps of n pixels.
+
+constexpr int kPointwiseBlock = 64;  // pixels per job
+
+// y (n, Co) = x (n, CI) @ W (CI, Co) + bias, output channels [co, co + 16 NB), for one block of at most
+// kPointwiseBlock pixels; the register tile past the block's last whole one runs on a zero-padded copy of its rows
+// (xs: 16 rows of CI).
+template <int CI, int NB>
+void pointwise_channels(const float* x, int64_t n, const float* xs, const float* w, const float* bias,
+                        int64_t co_total, int64_t co, float* y) {
+  constexpr int T = kTiles<NB>, W = 16 * NB;
+  const int64_t whole = n / T * T;
+  for (int64_t t = 0; t < whole; t += T)
+    gemm_tile<CI, NB>(x + t * CI, w + co, co_total, y + t * co_total + co, co_total, bias + co);
+  if (whole < n) {
+    alignas(64) float ys[T * W];
+    gemm_tile<CI, NB>(xs + (whole % 16) * CI, w + co, co_total, ys, W, bias + co);
+    for (int64_t t = whole; t < n; ++t) std::copy(ys + (t - whole) * W, ys + (t - whole + 1) * W, y + t * co_total + co);
+  }
+}
+
+template <int CI>
+void pointwise(const float* x, int64_t n, const float* w, const float* bias, int64_t co_total, float* y) {
+  at::parallel_for(0, (n + kPointwiseBlock - 1) / kPointwiseBlock, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) float xs[16 * CI];  // the block's last 16-pixel group, zero-padded
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t first = block * kPointwiseBlock, count = std::min<int64_t>(kPointwiseBlock, n - first);
+      const float* xb = x + first * CI;
+      float* yb = y + first * co_total;
+      if (count % 16) {  // a tail for 16-pixel tiles (and maybe for 8-pixel ones)
+        const int64_t from = count / 16 * 16;
+        std::fill(xs, xs + 16 * CI, 0.f);
+        std::copy(xb + from * CI, xb + count * CI, xs);
+      }
+      int64_t co = 0;
+      for (; co + 32 <= co_total; co += 32) pointwise_channels<CI, 2>(xb, count, xs, w, bias, co_total, co, yb);
+      if (co < co_total) pointwise_channels<CI, 1>(xb, count, xs, w, bias, co_total, co, yb);
+    }
+  });
+}
+
 #pragma GCC pop_options
 #endif
 
@@ -398,9 +443,35 @@ torch::Tensor conv3x3(const torch::Tensor& x, const torch::Tensor& packed, const
   return y;
 }
 
+// x (B, Ci, H, W) channels-last float32; weight_t (Ci, Co) contiguous; bias (Co,) -> (B, Co, H, W) channels-last
+torch::Tensor conv1x1(const torch::Tensor& x, const torch::Tensor& weight_t, const torch::Tensor& bias) {
+  TORCH_CHECK(available(), "the kernels need a CPU with AVX-512F");
+  TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "x: a 4-D float32 CPU tensor");
+  TORCH_CHECK(x.is_contiguous(at::MemoryFormat::ChannelsLast), "x must be channels-last contiguous");
+  const int64_t ci = x.size(1);
+  TORCH_CHECK(ci == 32 || ci == 144, "input channels must be 32 or 144, got ", ci);
+  TORCH_CHECK(weight_t.dim() == 2 && weight_t.size(0) == ci && weight_t.is_contiguous() &&
+                  weight_t.scalar_type() == at::kFloat, "weight_t: a contiguous float32 (Ci, Co)");
+  const int64_t co = weight_t.size(1);
+  TORCH_CHECK(co % 16 == 0, "output channels must be a multiple of 16, got ", co);
+  TORCH_CHECK(bias.dim() == 1 && bias.size(0) == co && bias.is_contiguous() && bias.scalar_type() == at::kFloat,
+              "bias: a contiguous float32 (Co,)");
+  auto y = torch::empty({x.size(0), co, x.size(2), x.size(3)}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  const int64_t n = x.size(0) * x.size(2) * x.size(3);
+  if (n == 0) return y;
+#ifdef NALA_WINOGRAD_X86
+  if (ci == 32)
+    pointwise<32>(x.data_ptr<float>(), n, weight_t.data_ptr<float>(), bias.data_ptr<float>(), co, y.data_ptr<float>());
+  else
+    pointwise<144>(x.data_ptr<float>(), n, weight_t.data_ptr<float>(), bias.data_ptr<float>(), co, y.data_ptr<float>());
+#endif
+  return y;
+}
+
 }  // namespace nala_winograd
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available", &nala_winograd::available, "whether this CPU runs the kernels (AVX-512F)");
+  m.def("conv1x1", &nala_winograd::conv1x1, "1x1 convolution of a channels-last map, 32 or 144 input channels");
   m.def("conv3x3", &nala_winograd::conv3x3, "3x3 convolution, stride 1, zero padding 1, by Winograd F(2x2, 3x3)");
 }
