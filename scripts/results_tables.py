@@ -773,14 +773,16 @@ def sr_profile_convolutions_table(top: int = 6) -> str:
 
 
 def winograd_table() -> str:
-    """The Winograd 3x3 convolution against oneDNN's direct one, per shape and per NaLaSR forward."""
+    """The Winograd 3x3 convolution against oneDNN's direct one per shape, and NaLaSR's forward with the project's
+    convolution kernels against without them."""
     data = json.loads((RESULTS / "winograd.json").read_text())
     lines = [
         f"`nala-bench winograd`, {data['run']}, {cores(data['machine'])}, fp32; each part in one fresh process, "
         f"the two paths alternated: shapes by the minimum of {data['repeats']} calls on one channels-last input, "
-        f"NaLaSR's whole forward (`net(x)`, eval) by the medians of {data['rounds']} passes each.",
+        f"NaLaSR's whole forward (`net(x)`, eval) by the medians of {data['rounds']} passes each, with the project's "
+        "kernels (Winograd 3x3, 1x1) and without them (PyTorch's convolutions: `NALA_GEN_WINOGRAD=0`).",
         "",
-        "| convolution or forward | direct (oneDNN) | Winograd | speed-up |",
+        "| convolution or forward | direct (oneDNN) | Winograd (forward: the project's kernels) | speed-up |",
         "|---|---|---|---|",
     ]
     for r in data["shapes"]:
