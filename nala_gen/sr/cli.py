@@ -222,8 +222,8 @@ def upscale(argv: list[str]) -> int:
         "--precision",
         default="auto",
         choices=["auto", "fp32", "bf16", "fp16"],
-        help="auto: fp32 on CPU, bf16 or fp16 on GPUs; bf16 on a CPU needs AVX512_BF16 or AMX (faster convolutions; "
-        "docs/upscaling.md gives its speed and quality)",
+        help="auto: fp32 on CPU, bf16 or fp16 on GPUs; bf16 on a CPU needs AVX512_BF16 or AMX (faster for "
+        "convolution-only networks; NaLaSR and ESRT are faster at fp32 on AVX-512 CPUs: docs/upscaling.md)",
     )
     parser.add_argument("--alpha", default="model", choices=["model", "bicubic"], help="how alpha is upscaled")
     parser.add_argument("--suffix", help="added to output names (default _x<outscale>)")
