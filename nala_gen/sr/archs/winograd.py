@@ -73,13 +73,16 @@ def pack(weight: Tensor) -> Tensor:
     return packed.reshape(len(rows) ** 2, weight.shape[1], weight.shape[0]).float().contiguous()
 
 
-def _kernels_run(x: Tensor, weight: Tensor) -> bool:
-    """The conditions both kernels share: float32 CPU maps outside autograd, autocast, tracing and dispatch modes."""
+def _kernels_run(x: Tensor, weight: Tensor, channels: tuple[int, ...], kernel: int) -> bool:
+    """Whether a kernel compiled for ``channels`` input channels and ``kernel`` x ``kernel`` weights runs this
+    convolution: float32 CPU maps outside autograd, autocast, tracing and dispatch modes."""
     return (
         enabled()
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and x.dim() == 4
+        and x.shape[1] in channels
+        and tuple(weight.shape[1:]) == (x.shape[1], kernel, kernel)
         and weight.shape[0] % OUTPUT_CHANNEL_MULTIPLE == 0
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and not torch.is_autocast_enabled("cpu")
@@ -90,22 +93,12 @@ def _kernels_run(x: Tensor, weight: Tensor) -> bool:
 
 def applies(x: Tensor, weight: Tensor) -> bool:
     """Whether :func:`conv3x3` runs the Winograd kernels for this input and (Co, Ci, 3, 3) weight."""
-    return (
-        x.dim() == 4
-        and x.shape[1] in INPUT_CHANNELS
-        and tuple(weight.shape[1:]) == (x.shape[1], 3, 3)
-        and _kernels_run(x, weight)
-    )
+    return _kernels_run(x, weight, INPUT_CHANNELS, 3)
 
 
 def applies_1x1(x: Tensor, weight: Tensor) -> bool:
     """Whether :func:`conv1x1` runs its kernel for this input and (Co, Ci, 1, 1) weight."""
-    return (
-        x.dim() == 4
-        and x.shape[1] in POINTWISE_INPUT_CHANNELS
-        and tuple(weight.shape[1:]) == (x.shape[1], 1, 1)
-        and _kernels_run(x, weight)
-    )
+    return _kernels_run(x, weight, POINTWISE_INPUT_CHANNELS, 1)
 
 
 def conv1x1(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -188,31 +188,6 @@ void conv_segment(const float* x, int64_t b, int ty, int tx0, int height, int wi
   }
 }
 
-template <int CI, int NB>
-void conv(const float* x, int64_t batch, int height, int width, const float* U, const float* bias, int64_t co_total,
-          float* y) {
-  const int tiles_h = (height + 1) / 2, segments = ((width + 1) / 2 + kSegment - 1) / kSegment;
-  at::parallel_for(0, batch * tiles_h * segments, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> V(16 * position_stride(CI)), M(16 * position_stride(16 * NB));
-    for (int64_t job = begin; job < end; ++job) {
-      const int64_t b = job / (tiles_h * segments);
-      const int ty = job / segments % tiles_h, segment = job % segments;
-      conv_segment<CI, NB>(x, b, ty, segment * kSegment, height, width, U, bias, co_total, y, V.data(), M.data());
-    }
-  });
-}
-
-// 32 output channels per register tile where they divide, 16 otherwise
-template <int CI>
-void conv_channels(const float* x, int64_t batch, int height, int width, const float* U, const float* bias,
-                   int64_t co_total, float* y) {
-  if (co_total % 32 == 0)
-    conv<CI, 2>(x, batch, height, width, U, bias, co_total, y);
-  else
-    conv<CI, 1>(x, batch, height, width, U, bias, co_total, y);
-}
-
-
 // ---- F(4x4, 3x3): 6x6 input patches, 4x4 blocks of outputs, 36 positions: 36 multiply-adds per channel pair for
 // 16 outputs (2.25 each against F(2x2, 3x3)'s 4), for larger transforms with entries up to 8 (B^T, A^T below; the
 // weight's G g G^T is made by the caller). Used for 16 and 32 input channels, where the products are the larger
@@ -325,27 +300,33 @@ void conv_segment4(const float* x, int64_t b, int ty, int tx0, int height, int w
   }
 }
 
-template <int CI, int NB>
-void conv4(const float* x, int64_t batch, int height, int width, const float* U, const float* bias, int64_t co_total,
-           float* y) {
-  const int tiles_h = (height + 3) / 4, segments = ((width + 3) / 4 + kSegment4 - 1) / kSegment4;
+// The whole convolution by F(B x B, 3x3) (B = 2 or 4): one job per segment of a row of B x B blocks
+template <int CI, int NB, int B>
+void conv(const float* x, int64_t batch, int height, int width, const float* U, const float* bias, int64_t co_total,
+          float* y) {
+  constexpr int P = (B + 2) * (B + 2), S = B == 2 ? kSegment : kSegment4;  // positions, blocks per segment
+  const int tiles_h = (height + B - 1) / B, segments = ((width + B - 1) / B + S - 1) / S;
   at::parallel_for(0, batch * tiles_h * segments, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> V(36 * position_stride(CI, kSegment4)), M(36 * position_stride(16 * NB, kSegment4));
+    std::vector<float> V(P * position_stride(CI, S)), M(P * position_stride(16 * NB, S));
     for (int64_t job = begin; job < end; ++job) {
       const int64_t b = job / (tiles_h * segments);
-      const int ty = job / segments % tiles_h, segment = job % segments;
-      conv_segment4<CI, NB>(x, b, ty, segment * kSegment4, height, width, U, bias, co_total, y, V.data(), M.data());
+      const int ty = job / segments % tiles_h, tx0 = job % segments * S;
+      if constexpr (B == 2)
+        conv_segment<CI, NB>(x, b, ty, tx0, height, width, U, bias, co_total, y, V.data(), M.data());
+      else
+        conv_segment4<CI, NB>(x, b, ty, tx0, height, width, U, bias, co_total, y, V.data(), M.data());
     }
   });
 }
 
-template <int CI>
-void conv4_channels(const float* x, int64_t batch, int height, int width, const float* U, const float* bias,
-                    int64_t co_total, float* y) {
+// 32 output channels per register tile where they divide, 16 otherwise
+template <int CI, int B = 2>
+void conv_channels(const float* x, int64_t batch, int height, int width, const float* U, const float* bias,
+                   int64_t co_total, float* y) {
   if (co_total % 32 == 0)
-    conv4<CI, 2>(x, batch, height, width, U, bias, co_total, y);
+    conv<CI, 2, B>(x, batch, height, width, U, bias, co_total, y);
   else
-    conv4<CI, 1>(x, batch, height, width, U, bias, co_total, y);
+    conv<CI, 1, B>(x, batch, height, width, U, bias, co_total, y);
 }
 
 // ---- 1x1 convolutions (the graph's per-token Linears) on the same register tiles: y (n, Co) = x (n, CI) @ W (CI,
@@ -426,9 +407,9 @@ torch::Tensor conv3x3(const torch::Tensor& x, const torch::Tensor& packed, const
   float* yp = y.data_ptr<float>();
   if (positions == 36) {
     if (ci == 16)
-      conv4_channels<16>(xp, batch, height, width, up, bp, co, yp);
+      conv_channels<16, 4>(xp, batch, height, width, up, bp, co, yp);
     else
-      conv4_channels<32>(xp, batch, height, width, up, bp, co, yp);
+      conv_channels<32, 4>(xp, batch, height, width, up, bp, co, yp);
     return y;
   }
   switch (ci) {
