@@ -239,7 +239,8 @@ def _rows_with_halo(x: Tensor, start: int, stop: int | None, halo: int) -> tuple
 def _pointwise(t: Tensor, hw: tuple[int, int], weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """A Linear on (B, N, K) tokens of an H x W grid, ``weight`` (out, K, 1, 1), as a 1x1 convolution of their
     channels-last map -> (B, N, out). Why: oneDNN's convolution ran these shapes (tens of thousands of tokens, 100
-    to 400 wide) about twice as fast as the Linear's GEMM on this project's CPUs, and without its bias copy."""
+    to 400 wide) about twice as fast as the Linear's GEMM on this project's CPUs, and without its bias copy; the
+    project's 1x1 kernel (:func:`~nala_gen.sr.archs.winograd.conv1x1`) runs them where it applies."""
     b, n, _ = t.shape
     return winograd.conv1x1(tokens_to_map(t, hw), weight, bias).permute(0, 2, 3, 1).reshape(b, n, -1)
 
@@ -929,7 +930,8 @@ class FoldedBody(nn.Module):
         self.register_buffer("reduce_bias", body.reduce.bias.detach().clone(), persistent=False)
         if not winograd.is_plain_3x3(body.reduce):
             raise TypeError("the body's reduction is expected to be a 3x3 convolution with padding 1 (ESRT's layout)")
-        # their transforms, (num_block * 16, C, C): 3-D, so that .to(memory_format=) leaves them contiguous
+        # their transforms, (num_block * P, C, C), P = 16 or 36 positions (winograd.pack): 3-D, so that
+        # .to(memory_format=) leaves them contiguous
         self.register_buffer(
             "reduce_packed",
             torch.cat([winograd.pack(w) for w in self.reduce_weight.chunk(len(self.hpbs))]),

@@ -1,10 +1,12 @@
-// 3x3 convolution (stride 1, zero padding 1) by Winograd's F(2x2, 3x3) for the CPU inference graph of ESRT-layout
-// networks (nala_gen.sr.archs.winograd says when it is used).
+// 3x3 convolutions (stride 1, zero padding 1) by Winograd's F(2x2, 3x3) and F(4x4, 3x3), and 1x1 convolutions on
+// the same register tiles, for the CPU inference graph of ESRT-layout networks (nala_gen.sr.archs.winograd says
+// when each is used).
 //
 // Each 2x2 block of outputs is A^T [ sum_ci (G g G^T)_ci (.) (B^T d B)_ci ] A, d the block's 4x4 input patch: 16
-// multiply-adds per input channel and output channel where the direct convolution needs 36. NaLaSR's and ESRT's
-// convolutions have 16 to 32 input channels, which oneDNN's direct kernels run below their rate on wide ones, so
-// fewer multiply-adds is where the time is (docs/results/peers.md, "Where the time goes").
+// multiply-adds per input channel and output channel where the direct convolution needs 36 (F(4x4, 3x3), below:
+// 36 for a 4x4 block where it needs 144). NaLaSR's and ESRT's convolutions have 16 to 32 input channels, which
+// oneDNN's direct kernels run below their rate on wide ones, so fewer multiply-adds is where the time is
+// (docs/results/peers.md, "Where the time goes").
 //
 // Layout: channels-last (B, H, W, C) float32 input and output; the weight pre-transformed by the caller to
 // U (16, Ci, Co) = G g G^T, position-major. Per job, one segment of a row of 2x2 blocks ("tiles"):
@@ -155,7 +157,7 @@ void conv_segment(const float* x, int64_t b, int ty, int tx0, int height, int wi
                   const float* bias, int64_t co_total, float* y, float* V, float* M) {
   constexpr int W = 16 * NB;  // output channels per block
   const int tiles_w = (width + 1) / 2, tiles = std::min(kSegment, tiles_w - tx0);
-  const int padded = (tiles + kTiles<NB> - 1) / kTiles<NB> * kTiles<NB>;  // whole register tiles; extras read zeros
+  const int padded = (tiles + kTiles<NB> - 1) / kTiles<NB> * kTiles<NB>;  // whole register tiles
   // the four input rows of this row of tiles; outside the image a row of zeros read with step 0
   alignas(64) static const float zeros[64] = {};
   const float* rows[4];
