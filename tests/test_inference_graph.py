@@ -16,6 +16,13 @@ from nala_gen.sr.upscale.engine import Upscaler
 TOL = 1e-5
 
 
+def within_tol(ours, reference) -> bool:
+    """Within TOL of the reference, relative to its largest magnitude where that exceeds 1: float32 rounding (the
+    Winograd F(4x4, 3x3) convolutions' above all) scales with the values, and these random networks' outputs reach
+    a few units, not the [0, 1] of a trained network's image."""
+    return (ours - reference).abs().max().item() <= TOL * max(1.0, reference.abs().max().item())
+
+
 def trained_looking(net: nn.Module, seed: int) -> nn.Module:
     """Random weights with every learned scale and bias away from its initial value, so no term hides."""
     gen = torch.Generator().manual_seed(seed)
@@ -37,7 +44,7 @@ def test_nalasr_graph_equals_the_plain_forward(scale, size):
     x = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(1))
     plain, graph = plain_and_graph(net, x)
     assert graph.shape == (2, 3, size[0] * scale, size[1] * scale)
-    assert (plain - graph).abs().max().item() <= TOL
+    assert within_tol(plain, graph)
 
 
 def test_esrt_graph_equals_the_plain_forward_channels_last():
@@ -45,7 +52,7 @@ def test_esrt_graph_equals_the_plain_forward_channels_last():
     net = net.to(memory_format=torch.channels_last)
     x = torch.rand(1, 3, 29, 18).contiguous(memory_format=torch.channels_last)
     plain, graph = plain_and_graph(net, x)
-    assert (plain - graph).abs().max().item() <= TOL
+    assert within_tol(plain, graph)
 
 
 def reach_three_chain():
@@ -92,7 +99,7 @@ def test_a_chain_beyond_the_first_probe_is_composed_from_a_larger_one():
     x = torch.randn(2, 8, 13, 11)
     with torch.no_grad():
         assert upsampler.radius == 3
-        assert (F.pixel_shuffle(upsampler(x), 4) - chain(x)).abs().max().item() <= TOL
+        assert within_tol(F.pixel_shuffle(upsampler(x), 4), chain(x))
 
 
 def test_the_graph_is_built_once_and_again_after_new_weights():
@@ -104,7 +111,7 @@ def test_the_graph_is_built_once_and_again_after_new_weights():
     assert inference_graph(net) is not graph
     x = torch.rand(1, 3, 17, 19)
     with torch.inference_mode():
-        assert (inference_graph(net)(x) - other.forward_layers(x)).abs().max().item() <= TOL
+        assert within_tol(inference_graph(net)(x), other.forward_layers(x))
     assert inference_graph(net.train()) is net  # training runs the plain modules
 
 
@@ -128,7 +135,7 @@ def test_graph_of_every_block_variant(options):
     net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4, **options), seed=6)
     x = torch.rand(1, 3, 19, 14, generator=torch.Generator().manual_seed(2))
     plain, graph = plain_and_graph(net, x)
-    assert (plain - graph).abs().max().item() <= TOL
+    assert within_tol(plain, graph)
 
 
 @pytest.mark.parametrize("heads", [2, 6, 8])
@@ -147,7 +154,7 @@ def test_head_groups_keep_each_heads_own_norm_scale(monkeypatch, heads, norm_sca
     monkeypatch.setattr(graph_module, "QKV_GROUP_BYTES", 15 * 13 * 3 * mix.head_dim * 4 * heads_per_group)
     assert mix.groups(15 * 13, 4) == heads // heads_per_group
     plain, graph = plain_and_graph(net, x)
-    assert (plain - graph).abs().max().item() <= TOL
+    assert within_tol(plain, graph)
 
 
 @pytest.mark.parametrize("rows_per_band", [1, 2, 5])
@@ -164,7 +171,7 @@ def test_transformer_bands_compute_the_whole_maps_function(monkeypatch, rows_per
     assert len(bands) == -(-17 // rows_per_band) and bands[0][0] == 0 and bands[-1][1] == 17
     assert all(stop == start for (_, stop), (start, _) in zip(bands, bands[1:]))  # adjacent, no gaps or overlaps
     plain, graph = plain_and_graph(net, x)
-    assert (plain - graph).abs().max().item() <= TOL
+    assert within_tol(plain, graph)
 
 
 @pytest.mark.parametrize(
@@ -192,7 +199,7 @@ def test_streamed_attention_in_bands_for_every_block_variant(monkeypatch, option
     monkeypatch.setattr(graph_module.HeadGroupedMix, "forward", lambda *a: whole.append(1) or forward(*a))
     plain, graph = plain_and_graph(net, x)
     assert len(states) == 1 and (states[0] is None) == huge and len(whole) == huge
-    assert (plain - graph).abs().max().item() <= TOL, (plain - graph).abs().max().item()
+    assert within_tol(plain, graph), (plain - graph).abs().max().item()
 
 
 @pytest.mark.parametrize("autocast", [False, True])
@@ -224,7 +231,7 @@ def test_banded_transformer_projects_convolutions_of_x_not_a_held_attention_inpu
     if autocast:  # bf16's own rounding, no more than the whole-map graph's
         assert (banded - reference).abs().max().item() <= 2 * (whole - reference).abs().max().item()
     else:
-        assert (banded - whole).abs().max().item() <= TOL and (banded - reference).abs().max().item() <= TOL
+        assert within_tol(banded, whole) and within_tol(banded, reference)
 
 
 def test_negative_and_zero_residual_scales_are_not_folded_through_relu():
@@ -234,7 +241,7 @@ def test_negative_and_zero_residual_scales_are_not_folded_through_relu():
         net.body.hpbs[0].exit.scale_res.scale.fill_(0.0)
     x = torch.rand(1, 3, 16, 17, generator=torch.Generator().manual_seed(3))
     plain, graph = plain_and_graph(net, x)
-    assert (plain - graph).abs().max().item() <= TOL
+    assert within_tol(plain, graph)
 
 
 def test_graph_is_faithful_on_the_shipped_weights():
@@ -246,7 +253,7 @@ def test_graph_is_faithful_on_the_shipped_weights():
             memory_format=torch.channels_last
         )
         plain, graph = plain_and_graph(net, x)
-        assert (plain - graph).abs().max().item() <= TOL
+        assert within_tol(plain, graph)
 
 
 def test_the_graph_moves_to_channels_last_as_the_engine_moves_it():
@@ -257,7 +264,7 @@ def test_the_graph_moves_to_channels_last_as_the_engine_moves_it():
         plain = net.forward_layers(x)
         graph = inference_graph(net).to(memory_format=torch.channels_last)
         moved = graph(x.contiguous(memory_format=torch.channels_last))
-    assert (plain - moved).abs().max().item() <= TOL
+    assert within_tol(plain, moved)
 
 
 def tiny_nalasr(seed: int = 9) -> NaLaSR:
@@ -276,7 +283,7 @@ def test_the_networks_own_forward_runs_the_graph_in_inference(context):
             assert torch.equal(out, inference_graph(net)(x))
             layers = net.forward_layers(x)
         assert not torch.equal(out, layers)  # a different computation (composed and folded layers) ...
-        assert (out - layers).abs().max().item() <= TOL  # ... of the same function
+        assert within_tol(out, layers)  # ... of the same function
 
 
 def test_frozen_parameters_and_an_input_without_grad_run_the_graph_with_autograd_on():

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import yaml
 
 from nala_gen import weights as W
 
@@ -32,6 +31,8 @@ def build_arch(arch: str, config: dict) -> torch.nn.Module:
 
 def network_from_option(option: str | Path) -> tuple[str, dict]:
     """(arch, config) from a BasicSR option file's ``network_g``."""
+    import yaml  # here: an upscale of a named model never reads an option file (yaml's import is 17 ms)
+
     network = dict(yaml.safe_load(Path(option).read_text())["network_g"])
     return network.pop("type"), network
 
