@@ -152,26 +152,34 @@ __attribute__((always_inline)) inline void output_transform(const float* m, int6
   }
 }
 
+alignas(64) static const float kZeroRow[16] = {};  // a row outside the image: 16 channels of zeros, step 0
+
+// Rows iy0 .. iy0 + N - 1 of image b of a channels-last (B, H, W, CI) map and the step between their pixels; rows
+// outside the image are kZeroRow with step 0, so the transforms read them without a branch.
+template <int N, int CI>
+__attribute__((always_inline)) inline void patch_rows(const float* x, int64_t b, int iy0, int height, int width,
+                                                      const float* rows[N], int64_t step[N]) {
+  for (int i = 0; i < N; ++i) {
+    const int iy = iy0 + i;
+    const bool inside = iy >= 0 && iy < height;
+    rows[i] = inside ? x + ((b * height + iy) * width) * (int64_t)CI : kZeroRow;
+    step[i] = inside ? CI : 0;
+  }
+}
+
 template <int CI, int NB>
 void conv_segment(const float* x, int64_t b, int ty, int tx0, int height, int width, const float* U,
                   const float* bias, int64_t co_total, float* y, float* V, float* M) {
   constexpr int W = 16 * NB;  // output channels per block
   const int tiles_w = (width + 1) / 2, tiles = std::min(kSegment, tiles_w - tx0);
   const int padded = (tiles + kTiles<NB> - 1) / kTiles<NB> * kTiles<NB>;  // whole register tiles
-  // the four input rows of this row of tiles; outside the image a row of zeros read with step 0
-  alignas(64) static const float zeros[64] = {};
   const float* rows[4];
   int64_t step[4];
-  for (int i = 0; i < 4; ++i) {
-    const int iy = 2 * ty - 1 + i;
-    const bool inside = iy >= 0 && iy < height;
-    rows[i] = inside ? x + ((b * height + iy) * width) * (int64_t)CI : zeros;
-    step[i] = inside ? CI : 0;
-  }
+  patch_rows<4, CI>(x, b, 2 * ty - 1, height, width, rows, step);
   const int64_t v_step = position_stride(CI);
   for (int c = 0; c < CI; c += 16) {
     const float* chunk[4];
-    for (int i = 0; i < 4; ++i) chunk[i] = step[i] ? rows[i] + c : zeros;
+    for (int i = 0; i < 4; ++i) chunk[i] = rows[i] + (step[i] ? c : 0);
     // the padded tiles past the segment's last one read columns past the image (zeros) or inside it (finite):
     // their products are computed and never written out
     input_transform(chunk, step, 2 * tx0, width, padded, CI, V + c, v_step);
@@ -270,19 +278,13 @@ void conv_segment4(const float* x, int64_t b, int ty, int tx0, int height, int w
   constexpr int W = 16 * NB;
   const int tiles_w = (width + 3) / 4, tiles = std::min(kSegment4, tiles_w - tx0);
   const int padded = (tiles + kTiles<NB> - 1) / kTiles<NB> * kTiles<NB>;
-  alignas(64) static const float zeros[64] = {};
   const float* rows[6];
   int64_t step[6];
-  for (int i = 0; i < 6; ++i) {
-    const int iy = 4 * ty - 1 + i;
-    const bool inside = iy >= 0 && iy < height;
-    rows[i] = inside ? x + ((b * height + iy) * width) * (int64_t)CI : zeros;
-    step[i] = inside ? CI : 0;
-  }
+  patch_rows<6, CI>(x, b, 4 * ty - 1, height, width, rows, step);
   const int64_t v_step = position_stride(CI, kSegment4);
   for (int c = 0; c < CI; c += 16) {
     const float* chunk[6];
-    for (int i = 0; i < 6; ++i) chunk[i] = step[i] ? rows[i] + c : zeros;
+    for (int i = 0; i < 6; ++i) chunk[i] = rows[i] + (step[i] ? c : 0);
     // the padded blocks past the segment's last one read columns past the image (zeros) or inside it (finite):
     // their products are computed and never written out
     for (int t = 0; t < padded; ++t)
