@@ -53,7 +53,11 @@ else:
         CppExtension(
             "nala_gen.attention._nala_fused",
             ["nala_gen/attention/csrc/nala_fused.cpp"],
-            depends=["nala_gen/attention/csrc/nala_tiles.inc", "nala_gen/attention/csrc/nala_soa.inc"],
+            depends=[
+                "nala_gen/attention/csrc/nala_tiles.inc",
+                "nala_gen/attention/csrc/nala_soa.inc",
+                "nala_gen/attention/csrc/output_blocks.h",
+            ],
             **flags,
         ),
         CppExtension("nala_gen.sr._winograd", ["nala_gen/sr/csrc/winograd.cpp"], **flags),

@@ -1,5 +1,5 @@
 """Where the fused NaLa op's inference time goes: its key pass, its query pass, both into a reused output, and the
-op as a caller gets it (a fresh output tensor), with the page faults each call takes.
+op as a caller gets it (a new output tensor), with the page faults each call takes.
 
     python scripts/op_time_split.py [--shapes 71680x4x32 62500x8x18] [--threads 2] [--rounds 5]
 
@@ -11,13 +11,15 @@ process per round, the rounds alternated: per process, the median of 15 calls af
 * ``into``: ``linear_attention(q, k, v, out=...)`` into a reused output (one call of the op's ``forward_into``),
   which is how NaLaSR's graph runs it (the attention's output is a slice of a map the graph holds);
 * ``op``: ``linear_attention(q, k, v)`` under ``torch.inference_mode()``, a new output each call, which is what
-  ``nala-bench attention`` times; ``op - into`` is the first touch of that output's pages;
+  ``nala-bench attention`` times (the output from the op's kept blocks: ``fused.new_output``);
+* ``fresh``: the same with ``NALA_GEN_OUTPUT_BLOCKS=0``, the output from PyTorch's allocator, page-faulted in
+  afresh by every call; ``fresh - into`` is the first touch of that output's pages;
 * ``relu``: the plain ReLU kernel as ``nala-bench attention`` times it (its own worker, in a process of its own: a
   process's earlier calls change how the allocator serves the next ones; ReLU's eager intermediates took 1,800 or
   27,000 page faults per call after the op's calls, depending on the op's own allocations);
 
-and the minor page faults per call of ``into`` and ``op``. Printed per round and as medians over rounds; nothing is
-written. A diagnostic for the op's target (issue 39) and docs/kernel.md; run it with nothing else on the CPU.
+and the minor page faults per call of ``into``, ``op`` and ``fresh``. Printed per round and as medians over rounds;
+nothing is written. A diagnostic for the op's target (issue 39) and docs/kernel.md; run it with nothing else on the CPU.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import statistics
 from nala_gen.bench.attention_scaling import run_config
 from nala_gen.bench.common import run_worker
 
-COLUMNS = ("key", "query", "into", "op", "relu")
+COLUMNS = ("key", "query", "into", "op", "fresh", "relu")
 CALLS = 15
 
 
@@ -69,6 +71,9 @@ def worker(tokens: int, heads: int, head_dim: int) -> None:
             "into": timed(lambda: linear_attention(q, k, v, kernel="nala", out=out)),
             "op": timed(lambda: linear_attention(q, k, v, kernel="nala")),
         }
+        os.environ["NALA_GEN_OUTPUT_BLOCKS"] = "0"
+        fused.release_output_blocks()
+        row["fresh"] = timed(lambda: linear_attention(q, k, v, kernel="nala"))
     print(json.dumps(row), flush=True)
 
 
@@ -95,14 +100,15 @@ def main(argv: list[str] | None = None) -> int:
             row["relu"] = (relu["latency_s"] * 1e3, 0.0)
             rows[shape].append(row)
             print(f"round {round_ + 1} {shape}: " + " ".join(f"{c}={row[c][0]:.2f}" for c in COLUMNS), flush=True)
-    print(f"\nmedians over {args.rounds} rounds, {args.threads} threads (ms; faults per call for into and op)")
+    print(f"\nmedians over {args.rounds} rounds, {args.threads} threads (ms; faults per call for into, op, fresh)")
     for shape, runs in rows.items():
         medians = {c: statistics.median(r[c][0] for r in runs) for c in COLUMNS}
-        fault = {c: statistics.median(r[c][1] for r in runs) for c in ("into", "op")}
+        fault = {c: statistics.median(r[c][1] for r in runs) for c in ("into", "op", "fresh")}
         shown = "  ".join(f"{c} {medians[c]:6.2f}" for c in COLUMNS)
         print(
-            f"{shape:>12s}: {shown}  first touch {medians['op'] - medians['into']:5.2f}  "
-            f"op/relu {medians['op'] / medians['relu']:.2f}  faults into {fault['into']:.0f} op {fault['op']:.0f}"
+            f"{shape:>12s}: {shown}  first touch {medians['fresh'] - medians['into']:5.2f}  "
+            f"op/relu {medians['op'] / medians['relu']:.2f}  fresh/relu {medians['fresh'] / medians['relu']:.2f}  "
+            f"faults into {fault['into']:.0f} op {fault['op']:.0f} fresh {fault['fresh']:.0f}"
         )
     return 0
 

@@ -384,5 +384,64 @@ def test_the_time_split_diagnostic_runs_and_reports_each_part():
     assert result.returncode == 0, result.stderr
     summary = [line for line in result.stdout.splitlines() if line.strip().startswith("600x2x18:")]
     assert len(summary) == 1, result.stdout
-    for part in ("key", "query", "into", "op", "relu"):
+    for part in ("key", "query", "into", "op", "fresh", "relu"):
         assert float(summary[0].split(f" {part} ")[1].split()[0]) > 0, summary[0]
+
+
+def _big_attention(seed: int = 7) -> tuple[torch.Tensor, ...]:
+    """Inputs whose output (1 x 2 x 4096 x 32 floats, 1 MiB) is large enough for the op's kept output blocks."""
+    torch.manual_seed(seed)
+    return tuple(torch.randn(1, 2, 4096, 32) for _ in range(3))
+
+
+def test_a_freed_output_block_serves_the_next_call_with_the_right_values(monkeypatch):
+    monkeypatch.delenv("NALA_GEN_OUTPUT_BLOCKS", raising=False)
+    q, k, v = _big_attention()
+    fused.release_output_blocks()
+    with torch.inference_mode():
+        first = linear_attention(q, k, v)
+        address, expected = first.data_ptr(), first.clone()
+        del first
+        assert fused.kept_output_bytes() >= expected.numel() * 4
+        again = linear_attention(q, k, v)
+        assert again.data_ptr() == address  # the kept block, not a fresh one
+        assert torch.equal(again, expected)
+        other = linear_attention(q * 2, k, v)  # `again` is alive: its block must not be handed out twice
+        assert other.data_ptr() != again.data_ptr()
+        assert torch.equal(again, expected) and not torch.equal(other, expected)
+    monkeypatch.setattr(fused, "_op", None)  # the PyTorch path agrees with both
+    assert torch.allclose(linear_attention(q, k, v), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_view_keeps_its_block_and_the_pool_stays_bounded(monkeypatch):
+    monkeypatch.delenv("NALA_GEN_OUTPUT_BLOCKS", raising=False)
+    q, k, v = _big_attention(8)
+    fused.release_output_blocks()
+    with torch.inference_mode():
+        out = linear_attention(q, k, v)
+        row = out[0, 1]  # a view: the block stays in use while it lives
+        address, expected = out.data_ptr(), row.clone()
+        del out
+        assert fused.kept_output_bytes() == 0
+        fresh = linear_attention(q, k, v)
+        assert fresh.data_ptr() != address and torch.equal(row, expected)
+        del fresh, row
+        outputs = [linear_attention(torch.randn(1, 2, n, 32), k, v) for n in (4096, 6000, 8000)]
+        sizes = [o.numel() * 4 for o in outputs]
+        del outputs
+    assert 0 < fused.kept_output_bytes() <= max(sizes) + 64  # one block (rounded up to a cache line), not three
+    assert fused.release_output_blocks() > 0 and fused.kept_output_bytes() == 0
+
+
+def test_output_blocks_can_be_turned_off(monkeypatch):
+    q, k, v = _big_attention(9)
+    fused.release_output_blocks()
+    monkeypatch.setenv("NALA_GEN_OUTPUT_BLOCKS", "0")
+    with torch.inference_mode():
+        out = linear_attention(q, k, v)
+        assert out.untyped_storage().resizable()  # PyTorch's allocator's tensor
+        del out
+    assert fused.kept_output_bytes() == 0
+    monkeypatch.setenv("NALA_GEN_OUTPUT_BLOCKS", "1")
+    with torch.inference_mode():
+        assert not linear_attention(q, k, v).untyped_storage().resizable()

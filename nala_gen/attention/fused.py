@@ -72,6 +72,37 @@ def enabled() -> bool:
     return _op is not None and os.environ.get("NALA_GEN_FUSED", "1").lower() not in ("0", "false", "no")
 
 
+def keeps_output_blocks() -> bool:
+    """Whether the op's new inference outputs come from blocks it keeps (``csrc/output_blocks.h``): on unless
+    ``NALA_GEN_OUTPUT_BLOCKS=0``."""
+    return os.environ.get("NALA_GEN_OUTPUT_BLOCKS", "1").lower() not in ("0", "false", "no")
+
+
+def new_output(shape: tuple[int, ...]) -> Tensor:
+    """An uninitialised float32 CPU tensor for the op's inference output.
+
+    A large tensor from PyTorch's allocator is page-faulted in afresh on every call (glibc returns blocks above
+    its mmap threshold to the system when they are freed, and the kernel clears each page again), which was a
+    third of the op's time at 71,680 tokens. Outputs of 1 MiB or more therefore come from the op: the block of the
+    last one freed is kept for the next output of up to twice its size, so layers that call the op one after
+    another (or a benchmark's repeats) reuse one block. The trade is that block's memory, held between calls
+    (:func:`kept_output_bytes`); :func:`release_output_blocks` frees it; ``NALA_GEN_OUTPUT_BLOCKS=0`` takes
+    PyTorch's allocator instead. Tensors on such a block cannot be resized in place (``resize_``)."""
+    if _op is not None and keeps_output_blocks():
+        return _op.new_output(list(shape))
+    return torch.empty(shape)
+
+
+def release_output_blocks() -> int:
+    """Frees the output blocks the op keeps for its next calls; returns the bytes they held (0 without the op)."""
+    return 0 if _op is None else int(_op.release_output_blocks())
+
+
+def kept_output_bytes() -> int:
+    """Bytes held by the output blocks the op keeps for its next calls."""
+    return 0 if _op is None else int(_op.kept_output_bytes())
+
+
 def tracing() -> bool:
     """Whether the code runs under a tracer (torch.compile, torch.export, torch.onnx.export, torch.jit.trace) rather
     than eagerly: the fused op is then not called, and Python loops over sizes must not be, since a traced graph
@@ -188,7 +219,7 @@ def nala_attention(
     # does not divide (NaLaSR's 18 floats), runs the kernels with the tokens in the lanes.
     into = out
     if into is None and not _tracks_grad(q, k, v, gamma):
-        into = q.new_empty((*q.shape[:-1], v.shape[-1]))
+        into = new_output((*q.shape[:-1], v.shape[-1]))
 
     def run(keys: Tensor) -> tuple[Tensor, Tensor]:
         if into is None:

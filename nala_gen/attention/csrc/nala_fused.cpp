@@ -16,6 +16,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "output_blocks.h"
+
 #include <immintrin.h>  // the AVX-512 kernels' getexp/scalef (nala_tiles.inc), compiled under their target
 
 #include <algorithm>
@@ -669,6 +671,9 @@ std::string inference_layout(int64_t d, int64_t dv) {
   return inference_kernels((int)d, (int)dv).second ? "soa" : "tiles";
 }
 
+// A new float32 output (sizes) for the inference entry, from a kept block when one fits (output_blocks.h).
+at::Tensor new_output(std::vector<int64_t> sizes) { return output_blocks::empty(sizes); }
+
 }  // namespace nala_fused
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -686,4 +691,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                            "state, lam, tau, angle_scale, key_raw, eps_total)");
   m.def("isa", &nala_fused::isa, "the instruction set the kernels were dispatched to");
   m.def("inference_layout", &nala_fused::inference_layout, "forward_into's kernels for (d, dv): soa or tiles");
+  m.def("new_output", &nala_fused::new_output, "a new float32 tensor (uninitialised), from a kept output block "
+                                               "when one fits");
+  m.def("release_output_blocks", &nala_fused::output_blocks::release, "frees the kept output blocks; their bytes");
+  m.def("kept_output_bytes", &nala_fused::output_blocks::kept_bytes, "bytes the kept output blocks hold");
 }
