@@ -426,11 +426,29 @@ def test_a_view_keeps_its_block_and_the_pool_stays_bounded(monkeypatch):
         fresh = linear_attention(q, k, v)
         assert fresh.data_ptr() != address and torch.equal(row, expected)
         del fresh, row
-        outputs = [linear_attention(torch.randn(1, 2, n, 32), k, v) for n in (4096, 6000, 8000)]
-        sizes = [o.numel() * 4 for o in outputs]
-        del outputs
-    assert 0 < fused.kept_output_bytes() <= max(sizes) + 64  # one block (rounded up to a cache line), not three
-    assert fused.release_output_blocks() > 0 and fused.kept_output_bytes() == 0
+        fused.release_output_blocks()
+        outputs = [linear_attention(torch.randn(1, 2, n, 32), k, v) for n in (4096, 5000, 6000, 8000)]
+        sizes = [o.numel() * 4 for o in outputs]  # multiples of 64 bytes: kept as they are
+        while outputs:
+            del outputs[0]  # freed in this order
+    assert fused.kept_output_bytes() == sum(sizes[1:])  # the last three freed; the oldest was let go
+    assert fused.release_output_blocks() == sum(sizes[1:]) and fused.kept_output_bytes() == 0
+
+
+def test_the_backward_gradients_reuse_kept_blocks(monkeypatch):
+    monkeypatch.delenv("NALA_GEN_OUTPUT_BLOCKS", raising=False)
+    q, k, v = (t.requires_grad_() for t in _big_attention(10))
+    grad = torch.randn(1, 2, 4096, 32)
+    fused.release_output_blocks()
+    linear_attention(q, k, v).backward(grad)
+    first = [t.grad.clone() for t in (q, k, v)]
+    addresses = {t.grad.data_ptr() for t in (q, k, v)}
+    q.grad = k.grad = v.grad = None  # as a training step does once the gradients are applied
+    assert fused.kept_output_bytes() == 3 * q.numel() * 4
+    linear_attention(q, k, v).backward(grad)
+    assert {t.grad.data_ptr() for t in (q, k, v)} == addresses  # the same three blocks, written whole again
+    assert all(torch.equal(t.grad, f) for t, f in zip((q, k, v), first))
+    assert fused.kept_output_bytes() == 0
 
 
 def test_output_blocks_can_be_turned_off(monkeypatch):
@@ -441,6 +459,12 @@ def test_output_blocks_can_be_turned_off(monkeypatch):
         out = linear_attention(q, k, v)
         assert out.untyped_storage().resizable()  # PyTorch's allocator's tensor
         del out
+    assert fused.kept_output_bytes() == 0
+    for t in (q, k, v):
+        t.requires_grad_()
+    linear_attention(q, k, v).backward(torch.ones_like(v))
+    assert all(t.grad.untyped_storage().resizable() for t in (q, k, v))  # the backward's gradients too
+    q.grad = k.grad = v.grad = None
     assert fused.kept_output_bytes() == 0
     monkeypatch.setenv("NALA_GEN_OUTPUT_BLOCKS", "1")
     with torch.inference_mode():

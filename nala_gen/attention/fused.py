@@ -72,34 +72,28 @@ def enabled() -> bool:
     return _op is not None and os.environ.get("NALA_GEN_FUSED", "1").lower() not in ("0", "false", "no")
 
 
-def keeps_output_blocks() -> bool:
-    """Whether the op's new inference outputs come from blocks it keeps (``csrc/output_blocks.h``): on unless
-    ``NALA_GEN_OUTPUT_BLOCKS=0``."""
-    return os.environ.get("NALA_GEN_OUTPUT_BLOCKS", "1").lower() not in ("0", "false", "no")
-
-
 def new_output(shape: tuple[int, ...]) -> Tensor:
     """An uninitialised float32 CPU tensor for the op's inference output.
 
     A large tensor from PyTorch's allocator is page-faulted in afresh on every call (glibc returns blocks above
     its mmap threshold to the system when they are freed, and the kernel clears each page again), which was a
-    third of the op's time at 71,680 tokens. Outputs of 1 MiB or more therefore come from the op: the block of the
-    last one freed is kept for the next output of up to twice its size, so layers that call the op one after
-    another (or a benchmark's repeats) reuse one block. The trade is that block's memory, held between calls
-    (:func:`kept_output_bytes`); :func:`release_output_blocks` frees it; ``NALA_GEN_OUTPUT_BLOCKS=0`` takes
-    PyTorch's allocator instead. Tensors on such a block cannot be resized in place (``resize_``)."""
-    if _op is not None and keeps_output_blocks():
-        return _op.new_output(list(shape))
-    return torch.empty(shape)
+    third of the op's time at 71,680 tokens. Outputs of 1 MiB or more therefore come from the op, as do its
+    backward's gradients: freed blocks are kept (three at most, the last freed) for the next outputs of up to twice
+    their size, so layers that call the op one after another, a training step's gradients once applied, or a
+    benchmark's repeats reuse them. The trade is those blocks' memory, held between calls
+    (:func:`kept_output_bytes`); :func:`release_output_blocks` frees them; ``NALA_GEN_OUTPUT_BLOCKS=0`` takes
+    PyTorch's allocator for both (``csrc/output_blocks.h`` reads it on every call). Tensors on such a block cannot
+    be resized in place (``resize_``)."""
+    return torch.empty(shape) if _op is None else _op.new_output(list(shape))
 
 
 def release_output_blocks() -> int:
-    """Frees the output blocks the op keeps for its next calls; returns the bytes they held (0 without the op)."""
+    """Frees the blocks the op keeps for its next outputs; returns the bytes they held (0 without the op)."""
     return 0 if _op is None else int(_op.release_output_blocks())
 
 
 def kept_output_bytes() -> int:
-    """Bytes held by the output blocks the op keeps for its next calls."""
+    """Bytes held by the blocks the op keeps for its next outputs."""
     return 0 if _op is None else int(_op.kept_output_bytes())
 
 

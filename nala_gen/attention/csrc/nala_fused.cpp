@@ -586,9 +586,10 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_in, const at::Tensor& q_
   at::Tensor kv_t = state.narrow(1, 0, (int64_t)F * DVp).view({P.BH, F, DVp}).transpose(1, 2).contiguous();
   const float* kv_t_p = kv_t.data_ptr<float>();
 
-  at::Tensor gq = at::empty_like(q, at::MemoryFormat::Contiguous);
-  at::Tensor gk = at::empty_like(k, at::MemoryFormat::Contiguous);
-  at::Tensor gv = at::empty_like(v, at::MemoryFormat::Contiguous);
+  // From kept blocks (output_blocks.h) as the inference outputs: each is written whole below.
+  at::Tensor gq = output_blocks::empty(q.sizes());
+  at::Tensor gk = output_blocks::empty(k.sizes());
+  at::Tensor gv = output_blocks::empty(v.sizes());
   const Rows gqr(gq), gkr(gk), gvr(gv);
 
   // Query pass: dq, and dKV (F x DVp), dz (F), d(gamma) per (batch, head) from partial sums per group of tiles.

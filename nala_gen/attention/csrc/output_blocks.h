@@ -1,33 +1,38 @@
-// Output blocks for the op's new inference outputs: the last freed block is kept for the next output that fits it.
+// Blocks for the op's new outputs (the inference output, the backward's gradients): freed blocks are kept for the
+// next outputs that fit them.
 //
 // Why: PyTorch's CPU allocator takes large blocks from malloc, and glibc serves blocks above its mmap threshold
 // (32 MiB at most) by mmap and gives them back to the system when they are freed, so each new output of that size
 // is page-faulted in afresh: the kernel clears every page before the op may write it. At 71,680 tokens (4 heads of
-// 32 floats: 37 MB) that clearing was about a third of the op's time on the 2-vCPU EPYC (scripts/op_time_split.py).
-// A caller that keeps no output across calls (a transformer's attention layers one after another, a benchmark's
-// repeats) gets its next output from the block the last one freed, with its pages already in place.
+// 32 floats: 37 MB) that clearing was about a third of the op's inference time on the 2-vCPU EPYC
+// (scripts/op_time_split.py), and the backward makes three such tensors. A caller that keeps no output across
+// calls (a transformer's attention layers one after another, a training step's gradients once applied, a
+// benchmark's repeats) gets its next outputs from the blocks the last ones freed, with their pages in place.
 //
-// The trade: one freed block (the last; kKeptBlocks) stays resident until an output reuses it, a later one replaces
-// it, release() frees it, or the process ends: at most one attention output's memory, held between calls. Layers
-// that call the op one after another each free their output before the next call, so one block serves them all.
-// Only blocks of at least kMinBytes go through here (smaller ones glibc recycles itself), and a block is reused only
-// for an output of at least half its size. Thread-safe; tensors keep their block alive through their deleter, so a
-// block is never handed out while a tensor still views it.
+// The trade: up to kKeptBlocks freed blocks (the backward's three gradients) stay resident until outputs reuse
+// them, later ones replace them, release() frees them, or the process ends. Layers that call the op one after
+// another free each output before the next call, so inference holds one block in its steady state. Only blocks of
+// at least kMinBytes go through here (smaller ones glibc recycles itself), and a block is reused only for an output
+// of at least half its size. Thread-safe; tensors keep their block alive through their deleter, so a block is never
+// handed out while a tensor still views it. NALA_GEN_OUTPUT_BLOCKS=0 (read on every call) takes PyTorch's
+// allocator instead.
 #pragma once
 
 #include <torch/extension.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <new>
+#include <string>
 #include <utility>
 
 namespace nala_fused {
 namespace output_blocks {
 
 constexpr size_t kMinBytes = size_t(1) << 20;
-constexpr size_t kKeptBlocks = 1;
+constexpr size_t kKeptBlocks = 3;
 constexpr size_t kAlign = 64;  // a cache line, as PyTorch's CPU allocator aligns
 
 struct Pool {
@@ -56,7 +61,7 @@ inline void give_back(void* block, size_t bytes) {
 }
 
 // The smallest kept block of `bytes` up to twice that, taken out of the pool; {nullptr, 0} when none fits (the
-// pool then keeps what it has: the caller's new block replaces it when freed).
+// pool then keeps what it has: the caller's new block replaces the oldest when freed).
 inline std::pair<void*, size_t> take(size_t bytes) {
   std::lock_guard<std::mutex> guard(pool().lock);
   auto& kept = pool().kept;
@@ -70,13 +75,22 @@ inline std::pair<void*, size_t> take(size_t bytes) {
   return found;
 }
 
+// Unless NALA_GEN_OUTPUT_BLOCKS is 0, false or no.
+inline bool enabled() {
+  const char* value = std::getenv("NALA_GEN_OUTPUT_BLOCKS");
+  if (!value) return true;
+  std::string v(value);
+  for (char& c : v) c = (char)std::tolower((unsigned char)c);
+  return v != "0" && v != "false" && v != "no";
+}
+
 // A new float32 CPU tensor of `sizes` (contiguous, uninitialised), from a kept block when one fits.
 inline at::Tensor empty(at::IntArrayRef sizes) {
   int64_t count = 1;
   for (const int64_t s : sizes) count *= s;
   const size_t wanted = size_t(count) * sizeof(float);
   const auto options = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
-  if (wanted < kMinBytes) return at::empty(sizes, options);
+  if (wanted < kMinBytes || !enabled()) return at::empty(sizes, options);
   auto [block, bytes] = take(wanted);
   if (!block) {
     bytes = (wanted + kAlign - 1) / kAlign * kAlign;
