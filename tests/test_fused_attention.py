@@ -469,3 +469,19 @@ def test_output_blocks_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("NALA_GEN_OUTPUT_BLOCKS", "1")
     with torch.inference_mode():
         assert not linear_attention(q, k, v).untyped_storage().resizable()
+
+
+def test_a_memory_measurement_starts_without_the_kept_blocks(monkeypatch):
+    """PeakMemory releases the op's kept blocks first: a call measured after an earlier one still shows its output."""
+    from nala_gen.profiling import PeakMemory
+
+    monkeypatch.delenv("NALA_GEN_OUTPUT_BLOCKS", raising=False)
+    torch.manual_seed(11)
+    q, k, v = (torch.randn(1, 4, 16384, 32) for _ in range(3))  # an 8 MiB output
+    with torch.inference_mode():
+        linear_attention(q, k, v)  # freed at once: its block is kept
+        assert fused.kept_output_bytes() >= q.numel() * 4
+        with PeakMemory("cpu") as memory:
+            assert fused.kept_output_bytes() == 0
+            out = linear_attention(q, k, v)
+    assert memory.peak_bytes >= 0.9 * out.numel() * 4
