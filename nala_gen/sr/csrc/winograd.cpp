@@ -9,7 +9,8 @@
 // (docs/results/peers.md, "Where the time goes").
 //
 // Layout: channels-last (B, H, W, C) float32 input and output; the weight pre-transformed by the caller to
-// U (16, Ci, Co) = G g G^T, position-major. Per job, one segment of a row of 2x2 blocks ("tiles"):
+// U (16, Ci, Co) = G g G^T, position-major (36 positions for F(4x4, 3x3), below). Per job, one segment of a row
+// of 2x2 blocks ("tiles"):
 //   1. the input transform of its tiles into V (16, tiles, Ci), in cache: each input column's B^T d once, kept in
 //      registers for the next tile, which shares two columns;
 //   2. per 32 (or 16) output channels and per position p, M_p (tiles, 32) = V_p (tiles, Ci) @ U_p (Ci, 32), a
@@ -389,7 +390,8 @@ bool available() {
 // The input channel counts compiled (a constant each: see gemm_tile).
 bool supports_channels(int64_t ci) { return ci == 16 || ci == 32 || ci == 48 || ci == 64 || ci == 80 || ci == 144; }
 
-// x (B, Ci, H, W) channels-last float32; packed (16, Ci, Co) = G g G^T; bias (Co,) -> (B, Co, H, W) channels-last.
+// x (B, Ci, H, W) channels-last float32; packed = G g G^T, (16, Ci, Co) for F(2x2, 3x3) or (36, Ci, Co) for
+// F(4x4, 3x3) (16 or 32 input channels); bias (Co,) -> (B, Co, H, W) channels-last.
 torch::Tensor conv3x3(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias) {
   TORCH_CHECK(available(), "the Winograd convolution needs a CPU with AVX-512F");
   TORCH_CHECK(x.dim() == 4 && x.scalar_type() == at::kFloat && x.device().is_cpu(), "x: a 4-D float32 CPU tensor");
@@ -458,5 +460,7 @@ torch::Tensor conv1x1(const torch::Tensor& x, const torch::Tensor& weight_t, con
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("available", &nala_winograd::available, "whether this CPU runs the kernels (AVX-512F)");
   m.def("conv1x1", &nala_winograd::conv1x1, "1x1 convolution of a channels-last map, 32 or 144 input channels");
-  m.def("conv3x3", &nala_winograd::conv3x3, "3x3 convolution, stride 1, zero padding 1, by Winograd F(2x2, 3x3)");
+  m.def("conv3x3", &nala_winograd::conv3x3,
+        "3x3 convolution, stride 1, zero padding 1, by Winograd F(2x2, 3x3) or F(4x4, 3x3) (the packed weight's 16 "
+        "or 36 positions say which)");
 }
