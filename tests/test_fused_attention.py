@@ -35,7 +35,7 @@ def test_the_narrower_kernels_pass_the_same_checks(isa):
     env = {**os.environ, "NALA_GEN_FUSED_ISA": isa}
     check = f"from nala_gen.attention import fused; assert fused.instruction_set() == {isa!r}"
     subprocess.run([sys.executable, "-c", check], env=env, check=True)
-    selected = "fused_equals or zero_tiny or thread_count or key_pass or written_into or inference"
+    selected = "fused_equals or zero_tiny or thread_count or key_pass or written_into or inference or streamed"
     tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", selected]
     proc = subprocess.run(tests, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:]
@@ -485,3 +485,30 @@ def test_a_memory_measurement_starts_without_the_kept_blocks(monkeypatch):
             assert fused.kept_output_bytes() == 0
             out = linear_attention(q, k, v)
     assert memory.peak_bytes >= 0.9 * out.numel() * 4
+
+
+def test_an_output_larger_than_the_cache_is_streamed_with_the_same_values(monkeypatch):
+    """Above the last-level cache's size the query pass writes its output by non-temporal stores (whole cache lines
+    only): the values must be those of the ordinary stores, with and without an addend, and the PyTorch path's."""
+    threshold = fused.stream_threshold_bytes()
+    if threshold > 128 << 20:
+        pytest.skip(f"a {threshold >> 20} MiB last-level cache: a streamed output would be too large for a test")
+    heads, dim = 4, 32
+    tokens = threshold // (heads * dim * 4) + 100  # just over: not a multiple of the op's tiles either
+    torch.manual_seed(12)
+    q, k, v, extra = (torch.randn(1, heads, tokens, dim) for _ in range(4))
+    with torch.inference_mode():
+        streamed = linear_attention(q, k, v)
+        assert fused.streams_output(streamed)
+        line_off = torch.empty(q.numel() + 1)[1:].view(q.shape)  # one float past a cache line: ordinary stores
+        assert not fused.streams_output(line_off)
+        assert torch.equal(linear_attention(q, k, v, out=line_off), streamed)
+        with_addend = torch.empty_like(q)
+        assert fused.streams_output(with_addend)
+        linear_attention(q, k, v, out=with_addend, add=extra)
+        assert torch.equal(with_addend, linear_attention(q, k, v, out=line_off, add=extra))
+        assert torch.allclose(with_addend, streamed + extra, rtol=1e-6, atol=1e-7)  # one rounding of a*x+b, not two
+        small = linear_attention(q[:, :, :4096], k, v)
+        assert not fused.streams_output(small)  # a cache-sized output stays in the cache for its reader
+    monkeypatch.setenv("NALA_GEN_FUSED", "0")
+    assert torch.allclose(linear_attention(q, k, v), streamed, rtol=1e-5, atol=1e-6)

@@ -26,7 +26,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -39,19 +41,32 @@ struct MapSpec {
   int lam_int;        // lam when it is a whole number in [1, 8] (keys' power by products), else 0
 };
 
+// Rows a thread reads after the tile it maps now (`rows` rows of `width` floats, `stride` floats apart). The map
+// asks for one of them per token it maps, so that they come from memory in the shadow of its arithmetic: the
+// hardware prefetcher follows a stream, not the jump to the next head or tile, and the map then waited for them.
+struct Ahead {
+  const float* x = nullptr;
+  int64_t stride = 0;
+  int rows = 0, width = 0;
+};
+
 // One thread's scratch for one tile of tokens (pointers into a buffer the thread owns).
 struct Tile {
   float *x, *u, *m, *c, *s, *th, *lg;  // T x Dp
   float *phi;                          // T x 2Dp
   float *norm, *power, *tanh_norm;     // T
   float *gdirect;                      // Dp
+  Ahead ahead[2];  // what the thread reads next (map_tile asks for one row of each per token it maps)
 };
 
 #define NALA_WIDTH 8
+#define NALA_AVX 0  // whether the target has AVX's 256-bit instructions (nala_tiles.inc's non-temporal stores)
 #define NALA_ISA baseline
 #include "nala_tiles.inc"
 #include "nala_soa.inc"
 #undef NALA_ISA
+#undef NALA_AVX
+#define NALA_AVX 1
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define NALA_HAVE_X86_TARGETS 1
@@ -73,6 +88,7 @@ struct Tile {
 #pragma GCC pop_options
 #endif
 #undef NALA_WIDTH
+#undef NALA_AVX
 
 struct Kernels {
   const char* name;
@@ -87,7 +103,7 @@ struct Kernels {
   void (*add_rows)(const float*, int, int, float*);
   void (*axpy)(float, const float*, float*, int);
   void (*finish_tile)(const float*, int, const float*, float, float, const float*, int, int, int, float*, int64_t,
-                      const float*, int64_t, float*);
+                      bool, const float*, int64_t, float*);
   float (*map_tile_backward)(const MapSpec&, bool, float, const Tile&, const float*, int, float*, int64_t, float*);
   int soa_fb, soa_jb;  // the SoA path's register blocks: features are padded to soa_fb rows, values to soa_jb
   void (*soa_key_tile)(const MapSpec&, int, int, int, int, const float*, int64_t, const float*, int64_t, int,
@@ -193,6 +209,13 @@ struct SoaScratch {
 
 constexpr int kSoaTile = 128;  // tokens per SoA tile (a multiple of two 16-float vectors)
 
+// Orders the calling thread's non-temporal stores before its later stores.
+static void fence_streams() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
 // Run fn(item, scratch) for item in [0, items), items handed out one at a time to the threads of ATen's pool;
 // each thread makes its scratch once with make().
 template <class Make, class Fn>
@@ -203,8 +226,18 @@ static void for_each_item(int64_t items, const Make& make, const Fn& fn) {
   at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
     for (int64_t slot = begin; slot < end; ++slot) {
       auto scratch = make();
-      for (int64_t item = next.fetch_add(1); item < items; item = next.fetch_add(1)) fn(item, scratch);
+      if constexpr (std::is_invocable_v<const Fn&, int64_t, int64_t, decltype(scratch)&>) {
+        // Each thread takes its next item before it runs the current one, so fn knows what it reads next.
+        for (int64_t item = next.fetch_add(1); item < items;) {
+          const int64_t following = next.fetch_add(1);
+          fn(item, following < items ? following : -1, scratch);
+          item = following;
+        }
+      } else {
+        for (int64_t item = next.fetch_add(1); item < items; item = next.fetch_add(1)) fn(item, scratch);
+      }
     }
+    fence_streams();  // the thread's non-temporal stores (if any) before the pool's join
   });
 }
 
@@ -306,15 +339,30 @@ static std::pair<at::Tensor, at::Tensor> key_pass(const Kernels& K, const Proble
   // Items run head-fastest: the heads of one token range are taken one after another (and by the threads side by
   // side), so a token's row of q, k and v (one per head, interleaved in the caller's projection output) is read
   // from memory once for all heads, not once per head. Which tiles an item sums, and the order of the reduction,
-  // do not depend on this order.
-  for_each_item(P.BH * groups, Dp, DVp, [&](int64_t item, Scratch& s) {
+  // do not depend on this order. While a tile computes, the map asks for the next tile's keys and values (the
+  // item's next tile, or the first of the thread's next item).
+  const auto next_rows = [&](int64_t bh, int64_t tile, Tile& t) {
+    const int64_t t0 = tile * kTile;
+    const int n = (int)std::min<int64_t>(kTile, P.Nk - t0);
+    t.ahead[0] = {kr.at(bh, t0), kr.stride_n, n, P.spec.d};
+    t.ahead[1] = {vr.at(bh, t0), vr.stride_n, n, P.dv};
+  };
+  for_each_item(P.BH * groups, Dp, DVp, [&](int64_t item, int64_t following, Scratch& s) {
     const int64_t bh = item % P.BH, g = item / P.BH;
     float* kv = partial_p + (bh * groups + g) * (state + 1);
     float* z = kv + (int64_t)F * DVp;
     float* key_max = z + F;
-    for (int64_t tile = g * k_tiles / groups; tile < (g + 1) * k_tiles / groups; ++tile) {
+    const int64_t last = (g + 1) * k_tiles / groups - 1;
+    for (int64_t tile = g * k_tiles / groups; tile <= last; ++tile) {
       const int64_t t0 = tile * kTile;
       const int n = (int)std::min<int64_t>(kTile, P.Nk - t0), rows = round4(n);
+      if (tile < last) {
+        next_rows(bh, tile + 1, s.tile);
+      } else if (following >= 0) {
+        next_rows(following % P.BH, following / P.BH * k_tiles / groups, s.tile);
+      } else {
+        s.tile.ahead[0] = s.tile.ahead[1] = {};
+      }
       const float* rot = map_and_rotate(K, P, false, 1.0f, kr.at(bh, t0), kr.stride_n, t0, n, rows, s, false);
       *key_max = std::max(*key_max, K.max_abs(s.tile.x, n * Dp));  // tile.x: the tile's keys, zero-padded
       K.add_rows(s.tile.phi, n, F, z);
@@ -328,6 +376,40 @@ static std::pair<at::Tensor, at::Tensor> key_pass(const Kernels& K, const Proble
   at::Tensor kv_state = per_group.narrow(2, 0, state).sum(1);  // groups summed in order
   at::Tensor key_max = std::get<0>(per_group.select(2, state).max(1));
   return {kv_state, key_max};
+}
+
+// Bytes above which the query pass streams its output: the size of the highest-level cache Linux lists for CPU 0
+// (sysfs: one L3 instance, as lscpu shows; glibc's sysconf adds up the L3s of the whole package), else 32 MiB.
+int64_t stream_threshold_bytes() {
+  static const int64_t cache = [] {
+    int64_t bytes = (int64_t)32 << 20;
+    int best = 0;
+    for (int index = 0; index < 8; ++index) {
+      const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+      std::ifstream level_file(dir + "level"), size_file(dir + "size");
+      int level = 0;
+      int64_t kib = 0;
+      std::string unit;
+      if (level_file >> level && size_file >> kib >> unit && level > best && kib > 0) {
+        best = level;
+        bytes = kib << (unit == "M" ? 20 : 10);  // sysfs writes "32768K"
+      }
+    }
+    return bytes;
+  }();
+  return cache;
+}
+
+// Whether the query pass writes `out` (B, H, N, dv) by non-temporal stores: when it is larger than the last-level
+// cache (so no reader after the op could find it there) and every row starts on a cache line (whole lines are
+// written, never merged with what memory holds).
+bool streams_output(const at::Tensor& out) {
+  if (out.numel() * (int64_t)sizeof(float) <= stream_threshold_bytes()) return false;
+  if ((uintptr_t)out.data_ptr<float>() % 64) return false;
+  for (int dim = 0; dim < 3; ++dim) {
+    if (out.size(dim) > 1 && out.stride(dim) * sizeof(float) % 64) return false;
+  }
+  return true;
 }
 
 // Query pass: rows of `out` (any strides) = the attention of each query, plus the row of `addend` when it is
@@ -347,17 +429,28 @@ static void query_pass(const Kernels& K, const Problem& P, const at::Tensor& q, 
   // threads into the same cache lines), and it reads a token's q row, interleaved across heads, once.
   const int64_t per_item = (P.BH / P.heads) * q_tiles >= 16 ? P.heads : 1;
   const int64_t slots = P.BH / per_item;
-  for_each_item(slots * q_tiles, Dp, DVp, [&](int64_t item, Scratch& s) {
+  const bool stream = streams_output(out);
+  for_each_item(slots * q_tiles, Dp, DVp, [&](int64_t item, int64_t following, Scratch& s) {
     const int64_t slot = item % slots, t0 = (item / slots) * kTile;
     const int n = (int)std::min<int64_t>(kTile, P.Nq - t0), rows = round4(n);
     for (int64_t bh = slot * per_item; bh < (slot + 1) * per_item; ++bh) {
+      if (bh + 1 < (slot + 1) * per_item) {  // the next head's queries of this tile, or the next item's first
+        s.tile.ahead[0] = {qr.at(bh + 1, t0), qr.stride_n, n, P.spec.d};
+      } else if (following >= 0) {
+        const int64_t f0 = (following / slots) * kTile;
+        s.tile.ahead[0] = {qr.at(following % slots * per_item, f0), qr.stride_n,
+                           (int)std::min<int64_t>(kTile, P.Nq - f0), P.spec.d};
+      } else {
+        s.tile.ahead[0] = {};
+      }
       const float* kv = state_p + bh * state;
       const float* z = kv + (int64_t)F * DVp;
       const float gamma_h = P.gamma[bh % P.heads];
       const float* rot = map_and_rotate(K, P, true, gamma_h, qr.at(bh, t0), qr.stride_n, t0, n, rows, s, false);
       K.gemm_nn(rot, rows, F, kv, DVp, s.outs);
       K.finish_tile(s.tile.phi, F, z, P.eps_total, kTiny, s.outs, DVp, n, P.dv, outr.mut(bh, t0), outr.stride_n,
-                    add ? addr.at(bh, t0) : nullptr, addr.stride_n, den_p ? den_p + bh * P.Nq + t0 : nullptr);
+                    stream, add ? addr.at(bh, t0) : nullptr, addr.stride_n,
+                    den_p ? den_p + bh * P.Nq + t0 : nullptr);
     }
   });
 }
@@ -695,5 +788,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("new_output", &nala_fused::new_output, "a new float32 tensor (uninitialised), from a kept output block "
                                                "when one fits");
   m.def("release_output_blocks", &nala_fused::output_blocks::release, "frees the kept output blocks; their bytes");
+  m.def("streams_output", &nala_fused::streams_output, "whether the query pass writes this output by "
+        "non-temporal stores (larger than the last-level cache, rows on cache lines)");
+  m.def("stream_threshold_bytes", &nala_fused::stream_threshold_bytes, "output bytes above which it streams");
   m.def("kept_output_bytes", &nala_fused::output_blocks::kept_bytes, "bytes the kept output blocks hold");
 }
