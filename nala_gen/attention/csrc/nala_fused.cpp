@@ -107,10 +107,11 @@ struct Kernels {
   float (*map_tile_backward)(const MapSpec&, bool, float, const Tile&, const float*, int, float*, int64_t, float*);
   int soa_fb, soa_jb;  // the SoA path's register blocks: features are padded to soa_fb rows, values to soa_jb
   void (*soa_key_tile)(const MapSpec&, int, int, int, int, const float*, int64_t, const float*, int64_t, int,
-                       const float*, const float*, int64_t, float*, float*, float*, float*, float*, float*, float*);
+                       const float*, const float*, int64_t, float*, float*, float*, float*, float*, float*, float*,
+                       const Ahead*);
   void (*soa_query_tile)(const MapSpec&, int, int, int, float, const float*, int64_t, int, const float*,
                          const float*, int64_t, const float*, const float*, float, float*, int64_t, const float*,
-                         int64_t, float*, float*, float*, float*);
+                         int64_t, float*, float*, float*, float*, const Ahead*);
 };
 
 #define NALA_KERNELS(ns) \
@@ -513,16 +514,29 @@ static std::pair<at::Tensor, at::Tensor> soa_key_pass(const Kernels& K, const Pr
   const auto make = [=] { return SoaScratch(d, Fp, DVq, TT, lanes); };
   at::Tensor partial = at::empty({P.BH * groups, sums}, k.options());
   float* partial_p = partial.data_ptr<float>();
-  for_each_item(P.BH * groups, make, [&](int64_t item, SoaScratch& s) {
+  const auto next_rows = [&](int64_t bh, int64_t tile, Ahead* ahead) {  // as key_pass's
+    const int64_t t0 = tile * TT;
+    const int n = (int)std::min<int64_t>(TT, P.Nk - t0);
+    ahead[0] = {kr.at(bh, t0), kr.stride_n, n, d};
+    ahead[1] = {vr.at(bh, t0), vr.stride_n, n, dv};
+  };
+  for_each_item(P.BH * groups, make, [&](int64_t item, int64_t following, SoaScratch& s) {
     const int64_t bh = item % P.BH, g = item / P.BH;
     float* acc = s.acc;
     std::fill(acc, acc + lanes, 0.0f);
-    for (int64_t tile = g * k_tiles / groups; tile < (g + 1) * k_tiles / groups; ++tile) {
+    const int64_t last = (g + 1) * k_tiles / groups - 1;
+    for (int64_t tile = g * k_tiles / groups; tile <= last; ++tile) {
       const int64_t t0 = tile * TT;
       const int n = (int)std::min<int64_t>(TT, P.Nk - t0);
+      Ahead ahead[2];
+      if (tile < last) {
+        next_rows(bh, tile + 1, ahead);
+      } else if (following >= 0) {
+        next_rows(following % P.BH, following / P.BH * k_tiles / groups, ahead);
+      }
       K.soa_key_tile(P.spec, dv, Fp, DVq, TT, kr.at(bh, t0), kr.stride_n, vr.at(bh, t0), vr.stride_n, n,
                      P.rope ? cos_p + t0 : nullptr, P.rope ? sin_p + t0 : nullptr, tab, s.xT, s.phiT, s.rT, s.vT,
-                     acc, acc + kv_size * W, acc + (kv_size + Fp) * W);
+                     acc, acc + kv_size * W, acc + (kv_size + Fp) * W, ahead);
     }
     float* row = partial_p + (bh * groups + g) * sums;
     for (int64_t e = 0; e < sums - 1; ++e) {  // lanes summed in order: the bits depend on the shape alone
@@ -560,15 +574,22 @@ static void soa_query_pass(const Kernels& K, const Problem& P, const at::Tensor&
   const int64_t q_tiles = (P.Nq + TT - 1) / TT;
   const int64_t per_item = (P.BH / P.heads) * q_tiles >= 16 ? P.heads : 1;
   const int64_t slots = P.BH / per_item;
-  for_each_item(slots * q_tiles, make, [&](int64_t item, SoaScratch& s) {
+  for_each_item(slots * q_tiles, make, [&](int64_t item, int64_t following, SoaScratch& s) {
     const int64_t slot = item % slots, t0 = (item / slots) * TT;
     const int n = (int)std::min<int64_t>(TT, P.Nq - t0);
     for (int64_t bh = slot * per_item; bh < (slot + 1) * per_item; ++bh) {
+      Ahead ahead[2];  // the next head's queries of this tile, or the next item's first (as query_pass)
+      if (bh + 1 < (slot + 1) * per_item) {
+        ahead[0] = {qr.at(bh + 1, t0), qr.stride_n, n, d};
+      } else if (following >= 0) {
+        const int64_t f0 = (following / slots) * TT;
+        ahead[0] = {qr.at(following % slots * per_item, f0), qr.stride_n, (int)std::min<int64_t>(TT, P.Nq - f0), d};
+      }
       const float* kv = state_p + bh * (kv_size + Fp);
       K.soa_query_tile(P.spec, dv, DVq, TT, P.gamma[bh % P.heads], qr.at(bh, t0), qr.stride_n, n,
                        P.rope ? cos_p + t0 : nullptr, P.rope ? sin_p + t0 : nullptr, tab, kv, kv + kv_size,
                        P.eps_total, outr.mut(bh, t0), outr.stride_n, add ? addr.at(bh, t0) : nullptr,
-                       addr.stride_n, s.xT, s.phiT, s.rT, s.vT);
+                       addr.stride_n, s.xT, s.phiT, s.rT, s.vT, ahead);
     }
   });
 }
