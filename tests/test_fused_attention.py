@@ -512,3 +512,20 @@ def test_an_output_larger_than_the_cache_is_streamed_with_the_same_values(monkey
         assert not fused.streams_output(small)  # a cache-sized output stays in the cache for its reader
     monkeypatch.setenv("NALA_GEN_FUSED", "0")
     assert torch.allclose(linear_attention(q, k, v), streamed, rtol=1e-5, atol=1e-6)
+
+
+def test_the_build_comparison_diagnostic_times_each_module(tmp_path):
+    """scripts/op_ab.py (quoted by docs/kernel.md), given the installed module twice: both load under names of
+    their own, take turns, and the first is the base of the ratios."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "op_ab.py"
+    module = Path(fused._op.__file__)
+    twin = tmp_path / module.name
+    twin.write_bytes(module.read_bytes())
+    cmd = [sys.executable, str(script), "--so", str(module), str(twin), "--shapes", "600x2x18", "--rounds", "2"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("600x2x18")]
+    assert len(lines) == 2, result.stdout
+    assert "x1.000" in lines[0].split(" into ")[1].split(" op ")[0]  # the base against itself
+    for line in lines:
+        assert float(line.split(" op ")[1].split()[0]) > 0, line
