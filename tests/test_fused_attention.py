@@ -510,8 +510,10 @@ def test_an_output_larger_than_the_cache_is_streamed_with_the_same_values(monkey
         assert torch.allclose(with_addend, streamed + extra, rtol=1e-6, atol=1e-7)  # one rounding of a*x+b, not two
         small = linear_attention(q[:, :, :4096], k, v)
         assert not fused.streams_output(small)  # a cache-sized output stays in the cache for its reader
+    trained = linear_attention(q.requires_grad_(), k, v)  # the training forward streams its output too
+    assert fused.streams_output(trained) and torch.allclose(trained, streamed, rtol=1e-5, atol=1e-6)
     monkeypatch.setenv("NALA_GEN_FUSED", "0")
-    assert torch.allclose(linear_attention(q, k, v), streamed, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(linear_attention(q.detach(), k, v), streamed, rtol=1e-5, atol=1e-6)
 
 
 def test_the_build_comparison_diagnostic_times_each_module(tmp_path):
