@@ -502,6 +502,7 @@ def test_an_output_larger_than_the_cache_is_streamed_with_the_same_values(monkey
         assert fused.streams_output(streamed)
         line_off = torch.empty(q.numel() + 1)[1:].view(q.shape)  # one float past a cache line: ordinary stores
         assert not fused.streams_output(line_off)
+        assert not fused.streams_output(torch.empty(1, 2 * heads, tokens, 24))  # rows of 1.5 lines: not streamed
         assert torch.equal(linear_attention(q, k, v, out=line_off), streamed)
         with_addend = torch.empty_like(q)
         assert fused.streams_output(with_addend)

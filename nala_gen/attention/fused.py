@@ -101,15 +101,16 @@ def streams_output(out: Tensor) -> bool:
     """Whether the op's query pass writes ``out`` (B, H, N, dv) by non-temporal stores, which bypass the caches.
 
     It does when the output is larger than the last-level cache (:func:`stream_threshold_bytes`; no reader after
-    the op could find it there) and every row starts on a 64-byte cache line: each line is then written whole,
-    without first being read from memory, and the inputs the op reads next stay in the cache. A cache-sized or
-    smaller output is written as usual, so the next layer reads it from the cache. False without the op."""
+    the op could find it there) and its rows are whole 64-byte cache lines (each starts on one, dv a multiple of 16
+    floats): each line is then written whole, without first being read from memory, and the inputs the op reads
+    next stay in the cache. A cache-sized or smaller output is written as usual, so the next layer reads it from the
+    cache. False without the op."""
     return False if _op is None else bool(_op.streams_output(out))
 
 
 def stream_threshold_bytes() -> int:
-    """Output bytes above which the op streams its output (:func:`streams_output`): the last-level cache's size
-    as the C library reports it, or 32 MiB where it cannot tell. 0 without the op."""
+    """Output bytes above which the op streams its output (:func:`streams_output`): the size of the highest-level
+    cache Linux lists for CPU 0 (sysfs), or 32 MiB where it lists none. 0 without the op."""
     return 0 if _op is None else int(_op.stream_threshold_bytes())
 
 

@@ -402,11 +402,11 @@ int64_t stream_threshold_bytes() {
 }
 
 // Whether the query pass writes `out` (B, H, N, dv) by non-temporal stores: when it is larger than the last-level
-// cache (so no reader after the op could find it there) and every row starts on a cache line (whole lines are
-// written, never merged with what memory holds).
+// cache (so no reader after the op could find it there) and its rows are whole cache lines (each starts on one and
+// dv fills them: every line is written whole, never merged with what memory holds).
 bool streams_output(const at::Tensor& out) {
   if (out.numel() * (int64_t)sizeof(float) <= stream_threshold_bytes()) return false;
-  if ((uintptr_t)out.data_ptr<float>() % 64) return false;
+  if ((uintptr_t)out.data_ptr<float>() % 64 || out.size(3) * sizeof(float) % 64) return false;
   for (int dim = 0; dim < 3; ++dim) {
     if (out.size(dim) > 1 && out.stride(dim) * sizeof(float) % 64) return false;
   }
