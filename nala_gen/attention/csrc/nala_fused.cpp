@@ -228,11 +228,13 @@ static void for_each_item(int64_t items, const Make& make, const Fn& fn) {
     for (int64_t slot = begin; slot < end; ++slot) {
       auto scratch = make();
       if constexpr (std::is_invocable_v<const Fn&, int64_t, int64_t, decltype(scratch)&>) {
-        // Each thread takes its next item before it runs the current one, so fn knows what it reads next.
+        // Each thread takes its next item before it runs the current one, so fn knows what it reads next; with
+        // few items per thread it does not (a thread could take a pair while another waits), and fn gets -1.
+        const bool reserve = items >= 4 * threads;
         for (int64_t item = next.fetch_add(1); item < items;) {
-          const int64_t following = next.fetch_add(1);
+          const int64_t following = reserve ? next.fetch_add(1) : items;
           fn(item, following < items ? following : -1, scratch);
-          item = following;
+          item = reserve ? following : next.fetch_add(1);
         }
       } else {
         for (int64_t item = next.fetch_add(1); item < items; item = next.fetch_add(1)) fn(item, scratch);
