@@ -327,6 +327,40 @@ static int64_t group_count(int64_t BH, int64_t tiles) {
   return std::max<int64_t>(1, std::min<int64_t>(tiles, 64 / std::max<int64_t>(BH, 1)));
 }
 
+// What a key pass's thread reads after tile `tile` (of TT tokens) of (batch, head) `bh`, whose group of tiles ends
+// with `last`: the group's next tile of keys and values, or the first tile of the thread's next item (`following`,
+// -1 for none; both key passes hand out items head-fastest, `groups` per head).
+static void keys_ahead(const Problem& P, const Rows& kr, const Rows& vr, int64_t TT, int64_t groups, int64_t k_tiles,
+                       int64_t bh, int64_t tile, int64_t last, int64_t following, Ahead* ahead) {
+  if (tile == last && following < 0) {
+    ahead[0] = ahead[1] = {};
+    return;
+  }
+  if (tile < last) {
+    ++tile;
+  } else {
+    bh = following % P.BH;
+    tile = following / P.BH * k_tiles / groups;
+  }
+  const int64_t t0 = tile * TT;
+  const int n = (int)std::min<int64_t>(TT, P.Nk - t0);
+  ahead[0] = {kr.at(bh, t0), kr.stride_n, n, P.spec.d};
+  ahead[1] = {vr.at(bh, t0), vr.stride_n, n, P.dv};
+}
+
+// What a query pass's thread reads after head `bh` of its item (the tile at t0 of heads [slot * per_item, (slot + 1)
+// * per_item), TT tokens a tile): the item's next head's queries, or the first head's of the thread's next item
+// (`following`, -1 for none).
+static Ahead queries_ahead(const Problem& P, const Rows& qr, int64_t TT, int64_t slots, int64_t per_item, int64_t bh,
+                           int64_t t0, int64_t following) {
+  if ((bh + 1) % per_item != 0) {
+    return {qr.at(bh + 1, t0), qr.stride_n, (int)std::min<int64_t>(TT, P.Nq - t0), P.spec.d};
+  }
+  if (following < 0) return {};
+  const int64_t f0 = following / slots * TT;
+  return {qr.at(following % slots * per_item, f0), qr.stride_n, (int)std::min<int64_t>(TT, P.Nq - f0), P.spec.d};
+}
+
 // Key pass: KV (F x DVp) and z (F) per (batch, head), from partial sums per group of tiles, and the largest
 // |key component| per (batch, head) while the keys are in cache (the caller checks it for overflow instead of
 // making a pass of its own over the keys). Returns {state (BH, F * DVp + F), key_max (BH,)}.
@@ -342,14 +376,7 @@ static std::pair<at::Tensor, at::Tensor> key_pass(const Kernels& K, const Proble
   // Items run head-fastest: the heads of one token range are taken one after another (and by the threads side by
   // side), so a token's row of q, k and v (one per head, interleaved in the caller's projection output) is read
   // from memory once for all heads, not once per head. Which tiles an item sums, and the order of the reduction,
-  // do not depend on this order. While a tile computes, the map asks for the next tile's keys and values (the
-  // item's next tile, or the first of the thread's next item).
-  const auto next_rows = [&](int64_t bh, int64_t tile, Tile& t) {
-    const int64_t t0 = tile * kTile;
-    const int n = (int)std::min<int64_t>(kTile, P.Nk - t0);
-    t.ahead[0] = {kr.at(bh, t0), kr.stride_n, n, P.spec.d};
-    t.ahead[1] = {vr.at(bh, t0), vr.stride_n, n, P.dv};
-  };
+  // do not depend on this order. While a tile computes, the map asks for what the thread reads next (keys_ahead).
   for_each_item(P.BH * groups, Dp, DVp, [&](int64_t item, int64_t following, Scratch& s) {
     const int64_t bh = item % P.BH, g = item / P.BH;
     float* kv = partial_p + (bh * groups + g) * (state + 1);
@@ -359,13 +386,7 @@ static std::pair<at::Tensor, at::Tensor> key_pass(const Kernels& K, const Proble
     for (int64_t tile = g * k_tiles / groups; tile <= last; ++tile) {
       const int64_t t0 = tile * kTile;
       const int n = (int)std::min<int64_t>(kTile, P.Nk - t0), rows = round4(n);
-      if (tile < last) {
-        next_rows(bh, tile + 1, s.tile);
-      } else if (following >= 0) {
-        next_rows(following % P.BH, following / P.BH * k_tiles / groups, s.tile);
-      } else {
-        s.tile.ahead[0] = s.tile.ahead[1] = {};
-      }
+      keys_ahead(P, kr, vr, kTile, groups, k_tiles, bh, tile, last, following, s.tile.ahead);
       const float* rot = map_and_rotate(K, P, false, 1.0f, kr.at(bh, t0), kr.stride_n, t0, n, rows, s, false);
       *key_max = std::max(*key_max, K.max_abs(s.tile.x, n * Dp));  // tile.x: the tile's keys, zero-padded
       K.add_rows(s.tile.phi, n, F, z);
@@ -437,15 +458,7 @@ static void query_pass(const Kernels& K, const Problem& P, const at::Tensor& q, 
     const int64_t slot = item % slots, t0 = (item / slots) * kTile;
     const int n = (int)std::min<int64_t>(kTile, P.Nq - t0), rows = round4(n);
     for (int64_t bh = slot * per_item; bh < (slot + 1) * per_item; ++bh) {
-      if (bh + 1 < (slot + 1) * per_item) {  // the next head's queries of this tile, or the next item's first
-        s.tile.ahead[0] = {qr.at(bh + 1, t0), qr.stride_n, n, P.spec.d};
-      } else if (following >= 0) {
-        const int64_t f0 = (following / slots) * kTile;
-        s.tile.ahead[0] = {qr.at(following % slots * per_item, f0), qr.stride_n,
-                           (int)std::min<int64_t>(kTile, P.Nq - f0), P.spec.d};
-      } else {
-        s.tile.ahead[0] = {};
-      }
+      s.tile.ahead[0] = queries_ahead(P, qr, kTile, slots, per_item, bh, t0, following);
       const float* kv = state_p + bh * state;
       const float* z = kv + (int64_t)F * DVp;
       const float gamma_h = P.gamma[bh % P.heads];
@@ -516,12 +529,6 @@ static std::pair<at::Tensor, at::Tensor> soa_key_pass(const Kernels& K, const Pr
   const auto make = [=] { return SoaScratch(d, Fp, DVq, TT, lanes); };
   at::Tensor partial = at::empty({P.BH * groups, sums}, k.options());
   float* partial_p = partial.data_ptr<float>();
-  const auto next_rows = [&](int64_t bh, int64_t tile, Ahead* ahead) {  // as key_pass's
-    const int64_t t0 = tile * TT;
-    const int n = (int)std::min<int64_t>(TT, P.Nk - t0);
-    ahead[0] = {kr.at(bh, t0), kr.stride_n, n, d};
-    ahead[1] = {vr.at(bh, t0), vr.stride_n, n, dv};
-  };
   for_each_item(P.BH * groups, make, [&](int64_t item, int64_t following, SoaScratch& s) {
     const int64_t bh = item % P.BH, g = item / P.BH;
     float* acc = s.acc;
@@ -531,11 +538,7 @@ static std::pair<at::Tensor, at::Tensor> soa_key_pass(const Kernels& K, const Pr
       const int64_t t0 = tile * TT;
       const int n = (int)std::min<int64_t>(TT, P.Nk - t0);
       Ahead ahead[2];
-      if (tile < last) {
-        next_rows(bh, tile + 1, ahead);
-      } else if (following >= 0) {
-        next_rows(following % P.BH, following / P.BH * k_tiles / groups, ahead);
-      }
+      keys_ahead(P, kr, vr, TT, groups, k_tiles, bh, tile, last, following, ahead);
       K.soa_key_tile(P.spec, dv, Fp, DVq, TT, kr.at(bh, t0), kr.stride_n, vr.at(bh, t0), vr.stride_n, n,
                      P.rope ? cos_p + t0 : nullptr, P.rope ? sin_p + t0 : nullptr, tab, s.xT, s.phiT, s.rT, s.vT,
                      acc, acc + kv_size * W, acc + (kv_size + Fp) * W, ahead);
@@ -580,13 +583,7 @@ static void soa_query_pass(const Kernels& K, const Problem& P, const at::Tensor&
     const int64_t slot = item % slots, t0 = (item / slots) * TT;
     const int n = (int)std::min<int64_t>(TT, P.Nq - t0);
     for (int64_t bh = slot * per_item; bh < (slot + 1) * per_item; ++bh) {
-      Ahead ahead[2];  // the next head's queries of this tile, or the next item's first (as query_pass)
-      if (bh + 1 < (slot + 1) * per_item) {
-        ahead[0] = {qr.at(bh + 1, t0), qr.stride_n, n, d};
-      } else if (following >= 0) {
-        const int64_t f0 = (following / slots) * TT;
-        ahead[0] = {qr.at(following % slots * per_item, f0), qr.stride_n, (int)std::min<int64_t>(TT, P.Nq - f0), d};
-      }
+      const Ahead ahead[2] = {queries_ahead(P, qr, TT, slots, per_item, bh, t0, following), {}};
       const float* kv = state_p + bh * (kv_size + Fp);
       K.soa_query_tile(P.spec, dv, DVq, TT, P.gamma[bh % P.heads], qr.at(bh, t0), qr.stride_n, n,
                        P.rope ? cos_p + t0 : nullptr, P.rope ? sin_p + t0 : nullptr, tab, kv, kv + kv_size,
@@ -812,7 +809,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                                "when one fits");
   m.def("release_output_blocks", &nala_fused::output_blocks::release, "frees the kept output blocks; their bytes");
   m.def("streams_output", &nala_fused::streams_output, "whether the query pass writes this output by "
-        "non-temporal stores (larger than the last-level cache, rows on cache lines)");
+        "non-temporal stores (larger than the last-level cache, rows whole cache lines)");
   m.def("stream_threshold_bytes", &nala_fused::stream_threshold_bytes, "output bytes above which it streams");
   m.def("kept_output_bytes", &nala_fused::output_blocks::kept_bytes, "bytes the kept output blocks hold");
 }
