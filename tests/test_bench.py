@@ -301,9 +301,11 @@ def test_peers_profile_names_the_operators_and_layers_that_take_the_time(tmp_pat
     )
     result = json.loads((tmp_path / "sr_profile.json").read_text())["models"]["nalasr"]
     ops = {r["op"]: r for r in result["ops"]}
+    # every operator is recorded (the tables show the top ones), so this asks what ran, not how each ranked
     assert "aten::mkldnn_convolution" in ops and "_FusedNaLa" in ops  # the convolutions and the fused NaLa op
+    assert len(ops) == len(result["ops"]) and sum(r["share"] for r in result["ops"]) == pytest.approx(1.0)
     shares = [r["share"] for r in result["ops"]]
-    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 1 + 1e-9
+    assert shares == sorted(shares, reverse=True)
     layers = {r["layer"]: r for r in result["layers"]}
     # the layers of the network as the board runs it: its inference graph (nala_gen.sr.archs.inference_graph)
     assert layers["body"]["type"] == "FoldedBody" and layers["body.hpbs.0"]["type"] == "FoldedHPB"

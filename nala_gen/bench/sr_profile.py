@@ -62,8 +62,8 @@ def _layer_times(net: torch.nn.Module, x: torch.Tensor, repeats: int, depth: int
     ]
 
 
-def _op_times(net: torch.nn.Module, x: torch.Tensor, repeats: int, top: int) -> tuple[list[dict], float]:
-    """The ``top`` operators by self CPU time (mean per forward), and the sum of all operators' self time (ms)."""
+def _op_times(net: torch.nn.Module, x: torch.Tensor, repeats: int) -> tuple[list[dict], float]:
+    """Every operator by self CPU time (mean per forward, slowest first), and the sum of their self time (ms)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -79,7 +79,7 @@ def _op_times(net: torch.nn.Module, x: torch.Tensor, repeats: int, top: int) -> 
             "ms": e.self_cpu_time_total / 1e3 / repeats,
             "share": e.self_cpu_time_total / total_us,
         }
-        for e in events[:top]
+        for e in events
     ]
     return rows, total_us / 1e3 / repeats
 
@@ -151,16 +151,16 @@ def _convolution_times(net: torch.nn.Module, x: torch.Tensor, repeats: int) -> l
     return sorted(rows, key=lambda r: r["ms"], reverse=True)
 
 
-def profile_forward(net: torch.nn.Module, x: torch.Tensor, repeats: int = 3, top: int = 12, depth: int = 3) -> dict:
-    """Profile ``net(x)`` (already in the layout and mode to measure): seconds per forward, the top operators and the
-    layers; see the module docstring."""
+def profile_forward(net: torch.nn.Module, x: torch.Tensor, repeats: int = 3, depth: int = 3) -> dict:
+    """Profile ``net(x)`` (already in the layout and mode to measure): seconds per forward, every operator (slowest
+    first) and the layers; see the module docstring."""
     with torch.inference_mode():
         net(x)  # warm-up: allocator, oneDNN primitive cache
         start = time.perf_counter()
         for _ in range(repeats):
             net(x)
         seconds = (time.perf_counter() - start) / repeats
-        ops, op_ms = _op_times(net, x, repeats, top)
+        ops, op_ms = _op_times(net, x, repeats)
         layers = _layer_times(net, x, repeats, depth)
         convolutions = _convolution_times(net, x, repeats)
     return {
@@ -173,15 +173,15 @@ def profile_forward(net: torch.nn.Module, x: torch.Tensor, repeats: int = 3, top
     }
 
 
-def format_profile(model: str, side: int, result: dict) -> str:
-    """The profile as three plain-text tables."""
+def format_profile(model: str, side: int, result: dict, top: int = 12) -> str:
+    """The profile as three plain-text tables (the ``top`` operators of the first)."""
     lines = [
         f"{model}, {side}x{side} LR -> x4, one forward: {result['seconds']:.3f} s "
         f"(mean of {result['repeats']} after a warm-up, without profiler or hooks)",
         "",
         f"{'operator (self time)':<40} {'calls':>6} {'ms':>9} {'share':>7}",
     ]
-    for r in result["ops"]:
+    for r in result["ops"][:top]:
         lines.append(f"{r['op'][:40]:<40} {r['calls']:>6} {r['ms']:>9.1f} {r['share']:>7.1%}")
     lines += ["", f"{'layer (with its children)':<40} {'type':<22} {'ms':>9} {'share':>7}"]
     for r in result["layers"]:
