@@ -6,6 +6,7 @@ import pytest
 import torch
 from diffusers import DDIMScheduler, FlowMatchEulerDiscreteScheduler
 from diffusers.utils.torch_utils import randn_tensor
+from test_diffusion import randomize
 
 from nala_gen.diffusion import NaLaDiTPipeline, NaLaDiTTransformer2DModel
 
@@ -69,6 +70,69 @@ def test_callbacks_see_and_change_the_latents_and_can_interrupt(pipe):
     assert pipe.last_readout["model_evals"] == 1 and pipe.num_timesteps == 5
     with pytest.raises(ValueError, match="callback_on_step_end_tensor_inputs"):
         run(pipe, [0], callback_on_step_end=stop, callback_on_step_end_tensor_inputs=["noise_pred"])
+
+
+@pytest.fixture(scope="module", params=["dit", "sit"])
+def random_pipe(request):
+    """A pipeline whose transformer is perturbed: a fresh one outputs zeros (adaLN-Zero), and guidance then changes
+    nothing."""
+    torch.manual_seed(0)
+    model = NaLaDiTTransformer2DModel.from_size("tiny", sample_size=8, in_channels=3, num_classes=4, learn_sigma=False)
+    scheduler = DDIMScheduler() if request.param == "dit" else FlowMatchEulerDiscreteScheduler()
+    pipe = NaLaDiTPipeline(randomize(model).eval(), scheduler)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def batches_run(pipe, labels, **kwargs) -> tuple[torch.Tensor, list[int]]:
+    """The images and the batch size of each transformer evaluation."""
+    sizes = []
+    hook = pipe.transformer.register_forward_pre_hook(lambda module, args: sizes.append(args[0].shape[0]))
+    try:
+        return run(pipe, labels, generator=seeded(), num_inference_steps=4, **kwargs), sizes
+    finally:
+        hook.remove()
+
+
+def test_a_callback_that_changes_guidance_steers_the_remaining_steps(random_pipe):
+    pipe = random_pipe
+    guided, sizes = batches_run(pipe, [0, 1], guidance_scale=4.0)
+    assert sizes == [4, 4, 4, 4]  # the null class alongside
+    unguided, sizes = batches_run(pipe, [0, 1], guidance_scale=1.0)
+    assert sizes == [2, 2, 2, 2] and not torch.allclose(guided, unguided, atol=1e-3)
+
+    def cut_off(p, step, timestep, kwargs):  # diffusers' CFG cut-off: guidance off after the first step
+        if step == 0:
+            p._guidance_scale = 0.0
+        return kwargs
+
+    cut, sizes = batches_run(pipe, [0, 1], guidance_scale=4.0, callback_on_step_end=cut_off)
+    assert sizes == [4, 2, 2, 2]  # the null class is no longer run
+    assert not torch.allclose(cut, guided, atol=1e-3) and not torch.allclose(cut, unguided, atol=1e-3)
+    assert pipe.guidance_scale == 0.0 and not pipe.do_classifier_free_guidance
+    assert pipe.last_readout["batch"] == 4  # the largest batch the transformer ran
+
+    def turn_on(p, step, timestep, kwargs):
+        p._guidance_scale = 4.0
+        return kwargs
+
+    late, sizes = batches_run(pipe, [0, 1], guidance_scale=1.0, callback_on_step_end=turn_on)
+    assert sizes == [2, 4, 4, 4]
+    assert not torch.allclose(late, unguided, atol=1e-3) and not torch.allclose(late, guided, atol=1e-3)
+
+
+def test_diffusers_callback_cfg_increases_guidance_every_step(random_pipe):
+    pipe = random_pipe
+
+    def increase(p, step, timestep, kwargs):  # diffusers' test_callback_cfg
+        p._guidance_scale += 1.0
+        return kwargs
+
+    inputs = {"guidance_scale": 2.0, "callback_on_step_end_tensor_inputs": pipe._callback_tensor_inputs}
+    increased, _ = batches_run(pipe, [0, 1], callback_on_step_end=increase, **inputs)
+    assert pipe.guidance_scale == 2.0 + pipe.num_timesteps
+    constant, _ = batches_run(pipe, [0, 1], guidance_scale=2.0)
+    assert not torch.allclose(increased, constant, atol=1e-3)  # the scales 3, 4, 5 were used, not 2
 
 
 def test_latent_output_is_what_the_other_outputs_decode(pipe):

@@ -12,7 +12,8 @@ paper's block: all on).
 
 As in diffusers, attention runs through processors: ``model.attn_processors`` lists them (one
 :class:`~nala_gen.diffusion.processors.NaLaAttnProcessor` per block, with the config's kernel) and
-``model.set_attn_processor`` swaps them, e.g. ``NaLaAttnProcessor("softmax")`` runs softmax on the same weights.
+``model.set_attn_processor`` swaps them, e.g. ``NaLaAttnProcessor("softmax")`` runs softmax on the same weights;
+diffusers' ``AttnProcessor()`` / ``AttnProcessor2_0()`` do the same (the block's RoPE, LePE and gate kept).
 
 The same network serves both objectives: DiT (epsilon prediction, timesteps in [0, 1000)) and SiT (flow matching:
 it outputs ``noise - data`` at timestep ``1000 * sigma``), see :mod:`nala_gen.diffusion.pipeline`.
@@ -34,7 +35,7 @@ from nala_gen.attention import NaLaAttention
 from nala_gen.attention.modules import KERNEL_KEY_ALIASES, with_kernel_keys
 
 from .embeddings import TimestepClassEmbedding, sincos_pos_embed_2d
-from .processors import NaLaAttnProcessor, NaLaJointAttnProcessor
+from .processors import NaLaAttnProcessor, block_processor
 
 Tensor = torch.Tensor
 
@@ -62,27 +63,26 @@ class NaLaDiTAttention(NaLaAttention):
 
     Its processor starts as :class:`NaLaAttnProcessor` with the block's kernel and options; another
     ``NaLaAttnProcessor`` runs its kernel on the same weights (RoPE sized for that kernel, LePE and gate as
-    configured). Processors hold no parameters: the state dict is the block's.
+    configured), and diffusers' ``AttnProcessor()`` / ``AttnProcessor2_0()`` run the softmax kernel so
+    (:func:`~nala_gen.diffusion.processors.block_processor`). The processor set is the one ``get_processor`` (and
+    so ``attn_processors``) gives back, as diffusers' modules do. Processors hold no parameters: the state dict is
+    the block's.
     """
 
     def __init__(self, dim: int, num_heads: int, **options) -> None:
         super().__init__(dim, num_heads, **options)
         self.processor = NaLaAttnProcessor(self.kernel, **self.kernel_options)
 
-    def get_processor(self) -> NaLaAttnProcessor:
+    def get_processor(self) -> object:
         return self.processor
 
-    def set_processor(self, processor: NaLaAttnProcessor) -> None:
-        if not isinstance(processor, NaLaAttnProcessor) or isinstance(processor, NaLaJointAttnProcessor):
-            raise TypeError(
-                f"NaLaDiT's attention runs a NaLaAttnProcessor (any kernel, e.g. NaLaAttnProcessor('softmax')), "
-                f"not {type(processor).__name__}"
-            )
+    def set_processor(self, processor: object) -> None:
+        block_processor(processor)  # refuses, before anything changes, a processor the block cannot run
         self.processor = processor
 
     def forward(self, x: Tensor, hw: tuple[int, int] | None = None) -> Tensor:
         """x: (B, N, C) tokens of the patch grid ``hw`` -> (B, N, C)."""
-        return self.processor(self, x, hw=hw)
+        return block_processor(self.processor)(self, x, hw=hw)
 
 
 class NaLaDiTBlock(nn.Module):
@@ -221,6 +221,14 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin, AttentionMixin):
         if name not in MODEL_SIZES:
             raise ValueError(f"unknown model size {name!r}; choose one of {', '.join(MODEL_SIZES)}")
         return cls(**{**MODEL_SIZES[name], **overrides})
+
+    def set_attn_processor(self, processor: object | dict[str, object]) -> None:
+        """diffusers' ``set_attn_processor`` (one processor for every block, or a dict keyed like
+        ``attn_processors``), with every processor checked first, so that a refused one (a TypeError, see
+        :func:`~nala_gen.diffusion.processors.block_processor`) leaves every block as it was."""
+        for each in processor.values() if isinstance(processor, dict) else (processor,):
+            block_processor(each)
+        super().set_attn_processor(processor)
 
     def _init_weights(self) -> None:
         """DiT's initialisation: xavier linears, N(0, 0.02) embeddings, zero adaLN modulation and output."""

@@ -40,6 +40,7 @@ from diffusers.utils.torch_utils import randn_tensor
 from nala_gen.profiling import PeakMemory, synchronize
 
 from .model import NaLaDiTTransformer2DModel
+from .processors import block_processor
 
 FLOW_SCHEDULERS = (FlowMatchEulerDiscreteScheduler, FlowMatchHeunDiscreteScheduler)
 LOADER_FILE = "pipeline.py"  # the custom-pipeline file diffusers' generic loader imports from a folder
@@ -210,11 +211,18 @@ class NaLaDiTPipeline(DiffusionPipeline):
     def _step_kwargs(self, generator: torch.Generator | list[torch.Generator] | None) -> dict:
         return {"generator": generator} if "generator" in inspect.signature(self.scheduler.step).parameters else {}
 
-    def _predict(self, latents: torch.Tensor, t: torch.Tensor, labels: torch.Tensor, guidance_scale: float):
-        """One transformer evaluation (doubled batch under guidance) -> the model output for ``scheduler.step``."""
+    def _predict(self, latents: torch.Tensor, t: torch.Tensor, labels: torch.Tensor):
+        """One transformer evaluation -> the model output for ``scheduler.step``.
+
+        ``latents`` (B, C, h, w), ``labels`` (B,) class ids. The guidance is the pipeline's at this step
+        (``self.guidance_scale``, which a ``callback_on_step_end`` may change, as in diffusers): above 1 the null
+        class runs alongside (batch 2B), else the labels alone.
+        """
         channels = self.transformer.config.in_channels
-        cfg = guidance_scale > 1
+        cfg = self.do_classifier_free_guidance
         model_input = torch.cat([latents, latents]) if cfg else latents
+        if cfg:
+            labels = torch.cat([labels, torch.full_like(labels, self.transformer.config.num_classes)])
         if hasattr(self.scheduler, "scale_model_input"):
             model_input = self.scheduler.scale_model_input(model_input, t)
         timestep = t.to(model_input.device, torch.float32).reshape(-1).expand(model_input.shape[0])
@@ -222,7 +230,7 @@ class NaLaDiTPipeline(DiffusionPipeline):
         pred, rest = out[:, :channels], out[:, channels:]
         if cfg:
             cond, uncond = pred.chunk(2)
-            pred = uncond + guidance_scale * (cond - uncond)
+            pred = uncond + self.guidance_scale * (cond - uncond)
             rest = rest.chunk(2)[0]
         pred = self._convert(pred, latents, t)
         if rest.shape[1] and self._uses_learned_variance():
@@ -245,7 +253,14 @@ class NaLaDiTPipeline(DiffusionPipeline):
     # ------------------------------------------------------------------------------------------------- call
     @property
     def guidance_scale(self) -> float:
+        """The classifier-free guidance scale of the running call: its ``guidance_scale`` argument, until a
+        ``callback_on_step_end`` sets ``pipe._guidance_scale`` (diffusers' convention); each step reads it anew."""
         return self._guidance_scale
+
+    @property
+    def do_classifier_free_guidance(self) -> bool:
+        """Whether this step runs the null class alongside (``guidance_scale > 1``; at 1 guidance changes nothing)."""
+        return self._guidance_scale > 1
 
     @property
     def num_timesteps(self) -> int:
@@ -286,7 +301,9 @@ class NaLaDiTPipeline(DiffusionPipeline):
             height, width: output size in pixels; default ``sample_size * vae_scale_factor``.
             return_dict: return an ``ImagePipelineOutput`` (else a 1-tuple).
             callback_on_step_end: called after each step as ``fn(pipe, step, timestep, callback_kwargs)``
-                and returns a dict whose tensors replace the loop's (e.g. ``{"latents": ...}``).
+                and returns a dict whose tensors replace the loop's (e.g. ``{"latents": ...}``). It may also set
+                ``pipe._guidance_scale``, which the following steps use, as in diffusers' pipelines (e.g. 0 after
+                some steps turns guidance off: the null class is no longer run).
             callback_on_step_end_tensor_inputs: which tensors the callback gets (default and allowed:
                 ``["latents"]``).
         """
@@ -315,9 +332,7 @@ class NaLaDiTPipeline(DiffusionPipeline):
 
         ids = [i for i in self.get_label_ids(class_labels) for _ in range(num_images_per_prompt)]
         device = self._execution_device
-        labels = torch.tensor(ids, device=device)
-        if guidance_scale > 1:
-            labels = torch.cat([labels, torch.full_like(labels, config.num_classes)])
+        labels = torch.tensor(ids, device=device)  # the null class is added per step, while guidance is on
 
         synchronize(device)
         start = time.perf_counter()
@@ -334,11 +349,12 @@ class NaLaDiTPipeline(DiffusionPipeline):
             step_kwargs = self._step_kwargs(generator)
             timesteps = self.scheduler.timesteps
             self._num_timesteps = len(timesteps)
-            evals = 0
+            evals = batch = 0
             for i, t in enumerate(self.progress_bar(timesteps)):
                 if self.interrupt:
                     continue
-                model_output = self._predict(latents, t, labels, guidance_scale)
+                batch = max(batch, len(ids) * (2 if self.do_classifier_free_guidance else 1))
+                model_output = self._predict(latents, t, labels)
                 evals += 1
                 latents = self.scheduler.step(model_output, t, latents, **step_kwargs).prev_sample
                 if callback_on_step_end is not None:
@@ -354,11 +370,11 @@ class NaLaDiTPipeline(DiffusionPipeline):
             "tokens": tokens,
             "steps": num_inference_steps,
             "model_evals": evals,
-            "batch": len(ids) * (2 if guidance_scale > 1 else 1),
+            "batch": batch,  # the largest the transformer ran (doubled while guidance was on)
             "mode": "flow" if self.is_flow else "epsilon",
             "prediction_type": self.prediction_type,
             # the kernels the processors ran (set_attn_processor may have swapped the config's)
-            "kernel": "+".join(sorted({p.kernel for p in self.transformer.attn_processors.values()})),
+            "kernel": "+".join(sorted({block_processor(p).kernel for p in self.transformer.attn_processors.values()})),
             "device": str(device),
         }
         self.maybe_free_model_hooks()

@@ -6,7 +6,8 @@ the attention op, so a pretrained softmax model can be switched to NaLa (``linea
 With ``kernel="softmax"`` it computes exactly what ``AttnProcessor2_0`` does. ``NaLaJointAttnProcessor`` does the
 same for joint text-image attention: SD3's ``JointAttnProcessor2_0`` and Flux's ``FluxAttnProcessor``. The same
 ``NaLaAttnProcessor`` is also the processor of NaLaDiT's own attention (the NaLa block,
-:class:`~nala_gen.attention.NaLaAttention`), so ``set_attn_processor`` swaps its kernel too.
+:class:`~nala_gen.attention.NaLaAttention`), so ``set_attn_processor`` swaps its kernel too; there diffusers'
+``AttnProcessor()`` / ``AttnProcessor2_0()`` mean the softmax kernel (:func:`block_processor`).
 
 A model's rotary embedding (``image_rotary_emb``: HunyuanDiT, Flux) is kept: for a linear kernel it rotates the
 numerator features with the model's own frequencies (see :func:`rope_from_rotary`), as NaLa's 2-D RoPE does.
@@ -321,6 +322,32 @@ def _norm(norm: nn.Module | None, x: Tensor) -> Tensor:
 # Processors whose computation the NaLa processors reproduce with another attention op.
 PLAIN_PROCESSORS = (AttnProcessor, AttnProcessor2_0, HunyuanAttnProcessor2_0, SanaLinearAttnProcessor2_0)
 JOINT_PROCESSORS = (JointAttnProcessor2_0,)  # and Flux's (see _flux)
+# diffusers' plain softmax processors: what a diffusers user sets to ask for "ordinary attention" (as diffusers' tests
+# and its models' set_default_attn_processor do), so the NaLa block takes them as the softmax kernel (block_processor).
+SOFTMAX_PROCESSORS = (AttnProcessor, AttnProcessor2_0)
+_BLOCK_SOFTMAX = NaLaAttnProcessor("softmax")  # processors hold no state: one instance serves every block
+
+
+def block_processor(processor: object) -> NaLaAttnProcessor:
+    """The processor that runs the NaLa block (NaLaDiT's attention) when ``processor`` is set on it.
+
+    A :class:`NaLaAttnProcessor` runs itself; diffusers' ``AttnProcessor()`` / ``AttnProcessor2_0()`` (exactly those
+    classes: a subclass may compute something else) run the softmax kernel, i.e. ``NaLaAttnProcessor("softmax")``:
+    softmax inside the block's own projection, RoPE, LePE and gate, which stay as configured (they are part of the
+    block's weights and of what it was trained with; the processors replace the attention op only).
+
+    Raises:
+        TypeError: for any other processor (joint, xformers, IP-adapter, LoRA, custom ...): it is written for
+            diffusers' ``Attention`` module, whose projections the NaLa block does not have.
+    """
+    if isinstance(processor, NaLaAttnProcessor) and not isinstance(processor, NaLaJointAttnProcessor):
+        return processor
+    if type(processor) in SOFTMAX_PROCESSORS:
+        return _BLOCK_SOFTMAX
+    raise TypeError(
+        "NaLaDiT's attention runs a NaLaAttnProcessor (any kernel, e.g. NaLaAttnProcessor('softmax')) or diffusers' "
+        f"AttnProcessor / AttnProcessor2_0 (the softmax kernel), not {type(processor).__name__}"
+    )
 
 
 @dataclass
