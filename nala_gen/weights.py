@@ -122,8 +122,9 @@ def broken_cards() -> list[tuple[Path, str]]:
     return _scan()[1]
 
 
-def resolve(name_or_path: str) -> WeightCard:
-    """A name from :func:`list_weights`, a card path (``.json``), or a payload beside its card."""
+def resolve(name_or_path: str, task: str | None = None) -> WeightCard:
+    """A name from :func:`list_weights`, a card path (``.json``), or a payload beside its card. ``task``: what the
+    caller runs (``sr``, ``diffusion``), so that an unknown name is answered with that task's names only."""
     path = Path(name_or_path)
     if os.path.lexists(path):  # a path that is there but broken (a symlink loop, a dangling link, no permission)
         check_readable(path)  # is said as such, not as an unknown name
@@ -138,8 +139,9 @@ def resolve(name_or_path: str) -> WeightCard:
             return card
     if path.exists():
         raise WeightsError(f"{path} has no weight card {path.with_suffix('.json').name} beside it")
-    known = ", ".join(c.name for c in list_weights()) or "none installed"
-    raise WeightsError(f"unknown weights {name_or_path!r} (known: {known})")
+    known = ", ".join(c.name for c in list_weights(task)) or "none installed"
+    kind = {"sr": "super-resolution ", "diffusion": "diffusion "}.get(task, "")
+    raise WeightsError(f"unknown {kind}weights {name_or_path!r} (known: {known})")
 
 
 def verify(card: WeightCard) -> None:

@@ -250,7 +250,7 @@ def test_bad_images_fail_cleanly(tmp_path, weights, capsys, case):
         (["-m", "WEIGHTS/wrong/wrong-x4.json"], "does not match NaLaSR"),
         (["-m", "WEIGHTS/tiny-x4.json", "--scale", "2"], "upscales x4, not x2"),
         (["--scale", "3"], "no default model for x3"),
-        (["-m", "no-such-model"], "unknown weights"),
+        (["-m", "no-such-model"], "unknown super-resolution weights"),
         (["-m", "WEIGHTS/tiny-x4.json", "--precision", "fp16", "--device", "cpu"], "fp16 is not supported on CPU"),
     ],
 )

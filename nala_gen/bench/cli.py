@@ -5,6 +5,8 @@ nala-bench entropy     attention entropy vs query norm for each kernel (PNG + JS
 nala-bench trained-entropy   the same on trained models' own queries and keys, with Spearman correlations
 nala-bench sr          SR models' latency and memory vs tokens (fresh process per point)
 nala-bench peers       NaLaSR beside SRVGGNetCompact, EDSR, SwinIR, RRDBNet: params, FLOPs, MP/s, peak, Pareto
+nala-bench sr-sets     PSNR/SSIM on Set5, Set14, B100, Urban100 (bicubic, shipped weights; published rows beside)
+nala-bench sr-sets-cost the paper's Table 20 on this CPU: per set, x4, whole images: latency and peak, ESRT vs NaLaSR
 nala-bench upscale     nala-sr upscale end to end: output megapixels per second and memory (fresh process per point)
 nala-bench upscale-overhead one-image nala-sr upscale: wall beyond compute (probe cache on/off), engine vs bare forward
 nala-bench upscale-memory   nala-sr upscale's process peak memory against its --memory-budget-mb (fresh processes)
@@ -57,6 +59,8 @@ COMMANDS = {
     "trained-entropy": "nala_gen.bench.trained_entropy",
     "sr": "nala_gen.bench.sr_scaling",
     "peers": "nala_gen.bench.sr_scaling:peers_main",
+    "sr-sets": "nala_gen.bench.sr_sets:quality_main",
+    "sr-sets-cost": "nala_gen.bench.sr_sets:cost_main",
     "sr-ablation": "nala_gen.bench.sr_ablation",
     "dit-ablation": "nala_gen.bench.dit_ablation",
     "upscale": "nala_gen.bench.upscale_throughput",

@@ -33,7 +33,7 @@ def load_pipeline(spec: str):
     path = Path(spec)
     if path.is_dir() and (path / "model_index.json").is_file():
         return _from_pretrained(path), str(path)
-    card = resolve(spec)
+    card = resolve(spec, task="diffusion")
     if card.task != "diffusion":
         raise WeightsError(f"{card.name} holds {card.task!r} weights, not a diffusion pipeline")
     if not (card.payload / "model_index.json").is_file():

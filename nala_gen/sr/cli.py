@@ -10,6 +10,8 @@ nala-sr test  -opt options/test/NaLaSR/test_NaLaSR_light_x4_mini.yml
 nala-sr prepare mini [datasets/mini]
 nala-sr prepare div2k datasets/DIV2K [--lmdb]
 nala-sr prepare benchmark HR_FOLDER datasets/Set5
+nala-sr prepare benchmarks ../shared/datasets/benchmark [datasets]   (every test set found there)
+nala-sr prepare train ../shared/datasets/train [datasets/train] --tests ../shared/datasets/benchmark
 """
 
 from __future__ import annotations
@@ -54,7 +56,31 @@ def prepare(argv: list[str]) -> int:
     bench = sub.add_parser("benchmark", help="GTmod12 + LRbicx{2,3,4} from any folder of HR images")
     bench.add_argument("hr_dir", type=Path)
     bench.add_argument("out", type=Path)
-    for p in (mini, div2k, photos, bench):
+    sets = sub.add_parser(
+        "benchmarks",
+        help="every test set under SRC (Set5/, Set14/, B100/, Urban100/, ...: HR images, or <set>/HR/) -> "
+        "OUT/<set>/GTmod12 + LRbicx{2,3,4}, as the test option files read them; a SHA256SUMS in SRC or above "
+        "is checked",
+    )
+    sets.add_argument("src", type=Path)
+    sets.add_argument("out", nargs="?", type=Path, default=Path("datasets"))
+    sets.add_argument("--sets", nargs="+", metavar="NAME", help="only these sets (default: every one found)")
+    train = sub.add_parser(
+        "train",
+        help="every picture under SRC -> HR sub-images and MATLAB-bicubic LR copies "
+        "(OUT/HR_sub, OUT/LR_bicubic/X{s}_sub)",
+    )
+    train.add_argument("src", type=Path)
+    train.add_argument("out", nargs="?", type=Path, default=Path("datasets/train"))
+    train.add_argument(
+        "--tests", type=Path, help="a folder of test sets none of whose pictures may be in SRC (by content)"
+    )
+    train.add_argument("--crop", type=bounded(int, 48), default=240, help="sub-image side (default 240)")
+    train.add_argument("--step", type=bounded(int, 1), default=120, help="sub-image stride (default 120)")
+    train.add_argument(
+        "--min-side", type=bounded(int, 12), default=192, help="smaller pictures are left out; up to --crop kept whole"
+    )
+    for p in (mini, div2k, photos, bench, sets, train):
         p.add_argument("--scales", type=_scales, default=[2, 3, 4], help="comma-separated, e.g. 2,4")
     args = parser.parse_args(argv)
 
@@ -81,6 +107,27 @@ def prepare(argv: list[str]) -> int:
     elif args.what == "div2k":
         counts = data.prepare_div2k(args.root, args.scales, args.crop, args.step, args.lmdb)
         where = args.root
+    elif args.what == "benchmarks":
+        made = data.prepare_test_sets(args.src, args.out, args.scales, args.sets)
+        checked = "no SHA256SUMS"
+        if made["checksums"]:
+            checked = f"{made['checked']} files checked against {made['checksums']}"
+        listing = ", ".join(f"{name} ({n})" for name, n in made["sets"].items())
+        scales = ",".join(map(str, args.scales))
+        print(f"wrote {listing} under {args.out} (GTmod12, LRbicx{{{scales}}}; {checked})")
+        return 0
+    elif args.what == "train":
+        counts = data.prepare_train_set(
+            args.src, args.out, args.tests, args.scales, args.crop, args.step, args.min_side, progress=print
+        )
+        left = f", {counts['too_small']} under {args.min_side} px left out" if counts["too_small"] else ""
+        checked = f"; {counts['checked']} files' SHA256 checked" if counts["checked"] else ""
+        overlap = "; none of them is a test picture" if args.tests else ""
+        print(
+            f"wrote {counts['sub_images']} HR sub-images and their x{', x'.join(map(str, args.scales))} LR copies "
+            f"from {counts['pictures']} pictures under {args.out}{left}{checked}{overlap}"
+        )
+        return 0
     else:
         counts = data.prepare_benchmark(args.hr_dir, args.out, args.scales)
         where = args.out
@@ -100,8 +147,7 @@ def _basicsr(entry: str, argv: list[str]) -> int:
         from .train import main as run
     else:
         from .test import main as run
-    run()
-    return 0
+    return run() or 0
 
 
 def collect_inputs(specs: list[str]) -> list[Path]:

@@ -79,7 +79,8 @@ def evaluate(
     tile: int | str = 0,
     memory_budget: int | None = None,
 ) -> dict[str, dict]:
-    """``{model: {"psnr": mean, "ssim": mean, "per_image": {...}}}`` over the folder's images.
+    """``{model: {"psnr": mean, "ssim": mean, "images": n, "tiled_images": n, "per_image": {...}}}`` over the
+    folder's images.
 
     ``models``: ``bicubic``, names, weight paths, or BasicSR ``.pth`` checkpoints described by ``option``; each
     optionally ``@fp32``, ``@bf16`` or ``@fp16`` (the precision it runs at; the upscaler's ``auto`` without).
@@ -91,6 +92,11 @@ def evaluate(
     from .loading import load_sr_model
     from .upscale.engine import Upscaler
 
+    if not (data / "GTmod12").is_dir():
+        raise FileNotFoundError(
+            f"{data / 'GTmod12'} not found: make it with nala-sr prepare benchmarks SRC (the standard test sets from "
+            "a folder of their HR images) or nala-sr prepare mini (the embedded set)"
+        )
     gt_paths = list_images(data / "GTmod12")
     if not gt_paths:
         raise FileNotFoundError(f"no images in {data / 'GTmod12'} (nala-sr prepare mini makes the embedded set)")
@@ -103,14 +109,20 @@ def evaluate(
             engines[spec] = Upscaler(net, scale, precision=precision, tile=tile, memory_budget=memory_budget)
     for name in models:
         engine = engines.get(name)
-        per_image = {}
+        per_image, tiled = {}, 0
         for gt_path in gt_paths:
             gt, lr = read_pair(gt_path, data / f"LRbicx{scale}" / gt_path.name, scale)
-            sr = bicubic_upscale(lr, scale) if engine is None else engine.upscale(lr)[0]
+            if engine is None:
+                sr = bicubic_upscale(lr, scale)
+            else:
+                sr, info = engine.upscale(lr)
+                tiled += info.tiles > 1
             per_image[gt_path.stem] = score(sr, gt, scale)
         results[name] = {
             "psnr": statistics.mean(p for p, _ in per_image.values()),
             "ssim": statistics.mean(s for _, s in per_image.values()),
+            "images": len(per_image),
+            "tiled_images": tiled,  # images the memory budget split into blended tiles (0: each image whole)
             "per_image": per_image,
         }
     return results

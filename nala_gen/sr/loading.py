@@ -62,7 +62,7 @@ def load_sr_model(
         state, source = W.load_basicsr_checkpoint(model), str(model)
         info = {"name": Path(model).name, "arch": arch, "source": source}
     else:
-        card = W.resolve(model)
+        card = W.resolve(model, task="sr")
         if card.task != "sr":
             raise W.WeightsError(f"{card.name} is a {card.task} model, not a super-resolution one")
         arch, config = card.arch, card.config

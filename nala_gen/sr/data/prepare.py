@@ -2,8 +2,9 @@
 
 * ``prepare_div2k``: DIV2K_train_HR -> overlapping HR sub-images and their MATLAB-bicubic LR copies per scale
   (``DIV2K_train_HR_sub``, ``DIV2K_train_LR_bicubic/X{s}_sub``), optionally as LMDB with ``meta_info.txt``.
-* ``prepare_benchmark``: any HR folder -> ``GTmod12`` (cropped to a multiple of 12, so x2/x3/x4 all divide)
-  and ``LRbicx{s}``, the layout of BasicSR's Set5/Set14/B100/Urban100/Manga109 folders.
+* ``write_benchmark_split``: HR images -> ``GTmod12`` (cropped to a multiple of 12, so x2/x3/x4 all divide)
+  and ``LRbicx{s}``, the layout of BasicSR's Set5/Set14/B100/Urban100/Manga109 folders (the test sets themselves:
+  :mod:`.standard`).
 * ``prepare_mini``: the embedded set, built from the photos that ship inside scikit-image and scikit-learn:
   a train split in the DIV2K sub-image layout and a held-out validation split in the benchmark layout.
 
@@ -167,14 +168,6 @@ def prepare_div2k(
         for folder in (hr_dir, *lr_dirs.values()):
             make_lmdb(folder)
     return {"sub_images": count}
-
-
-def prepare_benchmark(hr_dir: Path, out_dir: Path, scales: Sequence[int] = SCALES) -> dict[str, int]:
-    """Any HR folder -> ``out_dir/GTmod12`` and ``out_dir/LRbicx{s}``."""
-    paths = readable_images(hr_dir)
-    check_writable(out_dir, folder=True)
-    images = ((p.stem, read_rgb(p)) for p in paths)
-    return {"images": write_benchmark_split(images, out_dir, scales)}
 
 
 def packaged_image(spec: str) -> np.ndarray:
