@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import errno
+import hashlib
 import json
 import os
 import re
@@ -216,3 +217,12 @@ def update_json(path: str | Path, key: str, value) -> Path:
     payload = json.loads(path.read_text()) if path.exists() else {}
     payload[key] = value
     return write_atomic(path, (json.dumps(payload, indent=2) + "\n").encode())
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes, read in 1 MiB blocks (hex)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -28,6 +28,15 @@ def rows_not_rerun(previous: list[dict], rows: list[dict], key) -> list[dict]:
     return [{"run": "earlier run", **r} for r in previous if key(r) not in rerun]
 
 
+def write_json(target: Path, result: dict, quiet: bool = False) -> None:
+    """A bench's result file (its folder made), written whole; said on stdout unless ``quiet`` (a partial write of
+    a long run)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(result, indent=1))
+    if not quiet:
+        print(f"wrote {target}")
+
+
 def limit_memory(max_bytes: int) -> None:
     """Cap this process's data segment (heap and private mappings), so big allocations fail, not the machine."""
     resource.setrlimit(resource.RLIMIT_DATA, (max_bytes, max_bytes))

@@ -82,8 +82,22 @@ def shipped_models(scale: int) -> list[str]:
     return [c.name for c in W.list_weights("sr") if c.config.get("upscale", 4) == scale]
 
 
+def training_facts(model: str) -> dict:
+    """What a shipped weight saw in training, from its card: iterations, batch, LR patch, LR patches seen."""
+    from nala_gen import weights as W
+
+    try:
+        info = W.resolve(model, task="sr").info
+    except W.WeightsError:  # a checkpoint path: nothing on record
+        return {}
+    facts = {k: info[k] for k in ("iterations", "batch", "lr_patch", "trained_on", "hardware") if k in info}
+    if "iterations" in facts and "batch" in facts:
+        facts["samples"] = facts["iterations"] * facts["batch"]
+    return facts
+
+
 def quality_main(argv: list[str] | None = None) -> int:
-    from nala_gen.bench.common import machine_info, run_stamp
+    from nala_gen.bench.common import machine_info, run_stamp, write_json
     from nala_gen.fileio import check_writable
     from nala_gen.sr.evaluate import evaluate
 
@@ -105,8 +119,10 @@ def quality_main(argv: list[str] | None = None) -> int:
         "published": PUBLISHED,
         "scales": {},
     }
+    result["trained"] = {}
     for scale in args.scales:
         models = args.models or ["bicubic", *shipped_models(scale)]
+        result["trained"].update({m: training_facts(m) for m in models if m != "bicubic"})
         block = result["scales"][f"x{scale}"] = {}
         for name in args.sets:
             start = time.perf_counter()
@@ -118,8 +134,7 @@ def quality_main(argv: list[str] | None = None) -> int:
             }
             shown = "  ".join(f"{m} {r['psnr']:.2f}/{r['ssim']:.4f}" for m, r in scores.items())
             print(f"x{scale} {name:<9} {shown}  ({time.perf_counter() - start:.0f} s)", flush=True)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(json.dumps(result, indent=1))  # after each set: a long run keeps what it measured
+            write_json(target, result, quiet=True)  # after each set: a long run keeps what it measured
     print(f"wrote {target}")
     return 0
 
@@ -183,8 +198,9 @@ def summarise(images: list[dict]) -> dict:
 
 
 def cost_main(argv: list[str] | None = None) -> int:
-    from nala_gen.bench.common import machine_info, run_stamp, run_worker
+    from nala_gen.bench.common import machine_info, run_stamp, run_worker, write_json
     from nala_gen.fileio import check_writable
+    from nala_gen.sr.data import list_images
 
     parser = argparse.ArgumentParser(prog="nala-bench sr-sets-cost", description="The paper's Table 20 on this CPU.")
     parser.add_argument("--data", type=Path, default=Path("datasets"))
@@ -224,6 +240,8 @@ def cost_main(argv: list[str] | None = None) -> int:
         "mem_limit_bytes": limit,
         "models": {m: COST_MODELS[m] for m in args.models},
         "paper": PAPER_TABLE20,
+        "set_images": {name: len(list_images(folder / "GTmod12")) for name, folder in folders.items()},
+        "subsets": counts,  # SET: N images spread evenly over it, the same for both networks
         "sets": {},
     }
     for name, folder in folders.items():
@@ -254,11 +272,98 @@ def cost_main(argv: list[str] | None = None) -> int:
                 else "nothing ran"
             )
             print(f"{name:<9} {model:<7} {row['ran']}/{row['images']} images  {shown}", flush=True)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(result, indent=1))
+        write_json(target, result, quiet=True)  # after each set: a long run keeps what it measured
     print(f"wrote {target}")
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(quality_main())
+
+
+# ------------------------------------------------------------------------------------------------ tables
+# The docs' tables of these two commands (scripts/results_tables.py renders them from the JSON they write).
+
+
+def _cell(psnr: float, ssim: float) -> str:
+    return f"{psnr:.2f} / {ssim:.4f}"
+
+
+def quality_table(result: dict, scale: str) -> str:
+    """PSNR / SSIM per set at ``scale`` (``x4``): bicubic, ours, our gap to published ESRT, the published rows."""
+    measured = result["scales"][scale]
+    sets = list(measured)
+    models = list(dict.fromkeys(m for row in measured.values() for m in row))
+    published = {name: p for name, p in result["published"].items() if scale in p}
+    lines = [
+        "| " + " | ".join(["network", "trained on", *sets]) + " |",
+        "|---|---|" + "---|" * len(sets),
+    ]
+    for model in models:
+        if model == "bicubic":
+            trained = "–"
+        else:
+            facts = result.get("trained", {}).get(model, {})
+            seen = f"{facts['samples']:,} LR patches of {facts['lr_patch']}²" if "samples" in facts else "see its card"
+            trained = f"this project's CPU training ({seen})"
+        cells = [_cell(measured[s][model]["psnr"], measured[s][model]["ssim"]) for s in sets]
+        tiled = sum(measured[s][model].get("tiled_images", 0) for s in sets)
+        name = f"`{model}`" if model != "bicubic" else "bicubic"
+        lines.append(f"| {name}{' (tiled†)' if tiled else ''} | {trained} | " + " | ".join(cells) + " |")
+    esrt = published.get("ESRT", {}).get(scale, {})
+    for model in models:
+        if model != "bicubic" and all(s in esrt for s in sets):
+            gaps = [f"{measured[s][model]['psnr'] - esrt[s][0]:+.2f} dB" for s in sets]
+            lines.append(f"| `{model}` − published ESRT | | " + " | ".join(gaps) + " |")
+    for name, p in published.items():
+        cells = [_cell(*p[scale][s]) if s in p[scale] else "–" for s in sets]
+        lines.append(f"| {name} (published, {p['params']} params) | DIV2K (800 pictures) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def cost_table(result: dict) -> str:
+    """The paper's Table 20 on this CPU beside the paper's own (GPU) rows: latency per image and peak memory per
+    set, and the SAVE row (what NaLaSR saves against ESRT, in %)."""
+    sets = list(result["sets"])
+    paper = result["paper"]
+    lines = ["| | " + " | ".join(sets) + " |", "|---|" + "---|" * len(sets)]
+
+    def ours(model: str, name: str) -> str:
+        row = result["sets"][name].get(model, {})
+        if not row.get("ran"):
+            return row.get("status", "not run")
+        cell = f"{row['mean_latency_s'] * 1e3:,.0f} ms / {row['peak_bytes'] / 2**30:.2f} GiB"
+        if row["ran"] < row["images"] or "out_of_memory" in row:
+            largest = row["largest_ran"]
+            cell += f" ({row['ran']} of {row['images']} fit; largest {largest['lr'][0]}x{largest['lr'][1]} LR)"
+        return cell
+
+    def saved(name: str) -> str:
+        esrt, nalasr = result["sets"][name].get("esrt", {}), result["sets"][name].get("nalasr", {})
+        if not (esrt.get("ran") and nalasr.get("ran")) or esrt["ran"] != nalasr["ran"]:
+            return "–"
+        latency = 100 * (1 - nalasr["mean_latency_s"] / esrt["mean_latency_s"])
+        memory = 100 * (1 - nalasr["peak_bytes"] / esrt["peak_bytes"])
+        return f"{latency:.1f} % / {memory:.1f} %"
+
+    def counts(name: str) -> str:
+        row = result["sets"][name].get("nalasr") or result["sets"][name].get("esrt") or {}
+        timed, whole = row.get("images", "–"), result.get("set_images", {}).get(name)
+        return f"{timed} of {whole} (spread evenly)" if whole and timed != whole else str(timed)
+
+    lines.append("| images timed | " + " | ".join(counts(s) for s in sets) + " |")
+    lines.append("| ESRT latency / peak (this CPU) | " + " | ".join(ours("esrt", s) for s in sets) + " |")
+    lines.append("| NaLaSR latency / peak (this CPU) | " + " | ".join(ours("nalasr", s) for s in sets) + " |")
+    lines.append("| saved (latency / memory, this CPU) | " + " | ".join(saved(s) for s in sets) + " |")
+    for model in ("ESRT", "NaLaSR"):
+        cells = [f"{paper[model][s][0]} ms / {paper[model][s][1]} G" if s in paper[model] else "–" for s in sets]
+        lines.append(f"| {model} (paper, GPU) | " + " | ".join(cells) + " |")
+    paper_saved = [
+        f"{100 * (1 - paper['NaLaSR'][s][0] / paper['ESRT'][s][0]):.1f} % / "
+        f"{100 * (1 - paper['NaLaSR'][s][1] / paper['ESRT'][s][1]):.1f} %"
+        if s in paper["ESRT"]
+        else "–"
+        for s in sets
+    ]
+    lines.append("| saved (paper, GPU) | " + " | ".join(paper_saved) + " |")
+    return "\n".join(lines)

@@ -17,7 +17,6 @@ set. The images stay where they are: nothing is copied into the project.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import uuid
@@ -28,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from nala_gen.fileio import check_readable, check_writable
+from nala_gen.fileio import check_readable, check_writable, file_sha256
 
 from .prepare import (
     SCALES,
@@ -82,14 +81,6 @@ def read_checksums(path: Path) -> dict[Path, str]:
     return sums
 
 
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def verify_checksums(src: Path, paths: Sequence[Path]) -> tuple[Path | None, int]:
     """Check ``paths`` against the ``SHA256SUMS`` found for ``src`` (:func:`find_checksums`): a file whose digest
     differs, or a listed file under ``src`` that is gone, is a one-line error. Returns (the file, how many of
@@ -107,7 +98,7 @@ def verify_checksums(src: Path, paths: Sequence[Path]) -> tuple[Path | None, int
         expected = sums.get(path.resolve())
         if expected is None:
             continue
-        if sha256_file(path) != expected:
+        if file_sha256(path) != expected:
             raise ValueError(f"{path}: its SHA256 differs from {checksums} (a corrupted or changed file)")
         checked += 1
     return checksums, checked
@@ -139,10 +130,9 @@ def set_images(folder: Path) -> list[Path]:
 
 
 def find_test_sets(src: Path) -> dict[str, list[Path]]:
-    """{name: HR images} for every sub-folder of ``src`` that holds images (itself or in ``HR/``), the standard sets
-    first in the field's order, then by name;
-    ``src`` itself when it holds images and no sub-folder does. Two folders of one name (``B100`` and
-    ``BSDS100``) are an error."""
+    """{name: HR images} for every sub-folder of ``src`` that holds images (itself or in ``HR/``), or ``src`` itself
+    when it holds images and no sub-folder does; the standard sets first in the field's order, the others by name.
+    Two folders of one name (``B100`` and ``BSDS100``) are an error."""
     check_readable(src, folder=True)
     sets: dict[str, list[Path]] = {}
     folders: dict[str, Path] = {}

@@ -29,11 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
-from nala_gen.fileio import path_problem, real_path
+from nala_gen.fileio import file_sha256, path_problem, real_path
 
 from ..upscale.engine import ENCODER_COPIES, Readout, Upscaler
 from ..upscale.imageio import ImageError, decoded_bytes, read_image, write_image_atomic
-from .manifest import JobManifest, file_sha256
+from .manifest import JobManifest
 
 
 @dataclass
