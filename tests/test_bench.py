@@ -547,3 +547,49 @@ def test_dit_sizes_times_both_models_at_each_side_with_paired_rounds(tmp_path):
     assert all(len(r["rounds_s"]) == 2 for r in rows.values())
     assert [len(v) for v in result["ratio_rounds"].values()] == [2, 2]
     assert (tmp_path / "dit_sizes.png").is_file()
+
+
+def test_train_speed_times_each_variant_in_fresh_processes(tmp_path):
+    """``nala-bench train-speed``: every variant a row per round with its batch and patch, ratios to the baseline
+    taken round by round, the CPU model and flags recorded; structure only, never which variant is faster."""
+    import yaml
+
+    from nala_gen.bench import train_speed
+
+    option = tmp_path / "tiny.yml"
+    option.write_text(
+        yaml.safe_dump(
+            {
+                "scale": 4,
+                "network_g": {"type": "NaLaSR", "upscale": 4, "num_block": 1, "num_feat": 16, "num_heads": 4},
+                "datasets": {"train": {"batch_size_per_gpu": 2, "gt_size": 48}},
+                "train": {"optim_g": {"type": "Adam", "lr": 2e-4, "betas": [0.9, 0.99]}},
+            }
+        )
+    )
+    variants = ["baseline", "channels_last+batch3", "patch8"]
+    args = ["--opt", str(option), "--variants", *variants, "--rounds", "2", "--steps", "1", "--warmup", "1"]
+    assert train_speed.main([*args, "--threads", "1", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "train_speed.json").read_text())
+    assert result["machine"]["cpu"] and isinstance(result["machine"]["cpu_flags"], list)
+    assert [(r["variant"], r["round"]) for r in result["rows"]] == [
+        *((v, 0) for v in variants),
+        *((v, 1) for v in reversed(variants)),
+    ]
+    sizes = {v: (result["variants"][v]["batch"], result["variants"][v]["patch"]) for v in variants}
+    assert sizes == {"baseline": (2, 12), "channels_last+batch3": (3, 12), "patch8": (2, 8)}
+    for v in variants:
+        row = result["variants"][v]
+        assert row["samples_per_s"] == pytest.approx(row["batch"] / row["step_s"])
+        assert len(row["rounds_samples_per_s"]) == 2 and row["over_baseline"] > 0
+    assert result["variants"]["baseline"]["over_baseline"] == 1.0
+
+
+def test_train_speed_refuses_an_unknown_variant_before_any_process(tmp_path):
+    from nala_gen.bench import train_speed
+
+    with pytest.raises(ValueError, match="unknown part 'fp8'"):
+        train_speed.main(["--variants", "channels_last+fp8", "--out", str(tmp_path)])
+    with pytest.raises(ValueError, match="'batch' needs a number"):
+        train_speed.parse_variant("batch")
+    assert not list(tmp_path.iterdir())

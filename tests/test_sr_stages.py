@@ -237,3 +237,54 @@ def test_x2_stage5_is_stage4_twice_as_long_from_its_end():
     assert runs.index("NaLaSR/train_NaLaSR_light_x2_photos_stage5") > runs.index(
         "NaLaSR/train_NaLaSR_light_x2_photos_stage4"
     )
+
+
+def training_model(tmp_path: Path, **train):
+    """A tiny NaLaSR UpscalerSRModel set up for training with ``train``'s options (and Adam, L1, EMA)."""
+    from basicsr.models import build_model
+
+    opt = {"name": "t", "model_type": "UpscalerSRModel", "num_gpu": 0, "is_train": True, "dist": False, "scale": 4}
+    opt["path"] = {"pretrain_network_g": None, "experiments_root": str(tmp_path), "models": str(tmp_path)}
+    opt["train"] = {
+        "ema_decay": 0.5,
+        "optim_g": {"type": "Adam", "lr": 1e-3},
+        "scheduler": {"type": "MultiStepLR", "milestones": [100], "gamma": 0.5},
+        "pixel_opt": {"type": "L1Loss", "loss_weight": 1.0},
+        **train,
+    }
+    return build_model({**opt, "network_g": TINY})
+
+
+@pytest.mark.parametrize(("layout", "precision"), [(False, "fp32"), (True, "fp32"), (True, "bf16")])
+def test_training_options_set_the_layout_and_the_forwards_precision(tmp_path, layout, precision):
+    """``train: channels_last`` and ``train: autocast`` (nala-bench train-speed's variants): the batch and the
+    weights in that layout, the forward in that precision, the weights, their gradients and the EMA in fp32."""
+    torch.manual_seed(0)
+    model = training_model(tmp_path, channels_last=layout, autocast=precision)
+    before = {k: v.clone() for k, v in model.net_g.state_dict().items()}
+    ema_before = {k: v.clone() for k, v in model.net_g_ema.state_dict().items()}
+    model.feed_data({"lq": torch.rand(2, 3, 12, 12), "gt": torch.rand(2, 3, 48, 48)})
+    fmt = torch.channels_last if layout else torch.contiguous_format
+    assert model.lq.is_contiguous(memory_format=fmt) and model.gt.is_contiguous(memory_format=fmt)
+    model.optimize_parameters(1)
+    assert model.output.dtype == (torch.bfloat16 if precision == "bf16" else torch.float32)
+    assert "forward" not in vars(model.net_g)  # the step's autocast wrapper is gone after it
+    for name, value in model.net_g.state_dict().items():
+        assert value.dtype == torch.float32 and torch.isfinite(value).all(), name
+    conv = model.net_g.conv_first.weight if hasattr(model.net_g, "conv_first") else next(model.net_g.parameters())
+    assert conv.grad is not None and conv.grad.dtype == torch.float32
+    changed = [k for k, v in model.net_g.state_dict().items() if not torch.equal(v, before[k])]
+    assert changed and any(not torch.equal(v, ema_before[k]) for k, v in model.net_g_ema.state_dict().items())
+    weight4d = [p for p in model.net_g.parameters() if p.dim() == 4 and p.shape[-1] > 1]
+    assert all(p.is_contiguous(memory_format=fmt) for p in weight4d)
+
+
+def test_training_autocast_auto_follows_the_cpu_and_a_typo_is_refused(tmp_path):
+    from nala_gen.devices import cpu_native_bf16
+    from nala_gen.sr.basicsr.model import training_precision
+
+    native = cpu_native_bf16() or torch.cuda.is_available()
+    assert training_precision("auto") == ("bf16" if native else "fp32")
+    assert training_precision("fp32") == "fp32" and training_precision("bf16") == "bf16"
+    with pytest.raises(ValueError, match="autocast must be fp32, bf16 or auto, not 'fp16'"):
+        training_model(tmp_path, autocast="fp16")

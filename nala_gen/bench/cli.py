@@ -12,6 +12,7 @@ nala-bench upscale-overhead one-image nala-sr upscale: wall beyond compute (prob
 nala-bench upscale-memory   nala-sr upscale's process peak memory against its --memory-budget-mb (fresh processes)
 nala-bench upscale-folder   folder jobs: images/s sequential, pipelined, batched and in two processes
 nala-bench winograd    the Winograd 3x3 convolution against oneDNN's direct one: per shape and NaLaSR's whole forward
+nala-bench train-speed NaLaSR training steps: LR-patch samples/s per variant (layout, bf16, compile, batch, patch)
 nala-bench steps       a NaLaSR training step and a NaLaDiT sampling step, fused NaLa op on and off
 nala-bench dit-sizes   one NaLaDiT sampling step against its softmax twin at 32, 64 and 128 px images
 nala-bench sr-ablation NaLaSR trained with each attention type on an equal budget, PSNR/SSIM on the val split
@@ -69,6 +70,7 @@ COMMANDS = {
     "upscale-folder": "nala_gen.bench.upscale_folder",
     "winograd": "nala_gen.bench.winograd_speed",
     "steps": "nala_gen.bench.step_timing",
+    "train-speed": "nala_gen.bench.train_speed",
     "dit-sizes": "nala_gen.bench.dit_sizes",
 }
 

@@ -14,6 +14,15 @@ The upscaler takes and returns 8-bit pictures, as BasicSR's metrics do (``tensor
 an 8-bit file, is turned back into its bytes, and the output comes back as bytes / 255, so the scores equal
 ``SRModel``'s for a whole-image pass up to the inference graph's float32 rounding.
 
+Two training options, measured by ``nala-bench train-speed`` (docs: results/training.md), under ``train:``:
+
+* ``channels_last: true``: the network and each batch in channels-last (NHWC), oneDNN's native layout on the CPU;
+  the same arithmetic in another memory order;
+* ``autocast: bf16 | auto | fp32``: the network's forward under ``torch.autocast("cpu", torch.bfloat16)`` (the
+  loss on its output promoted to fp32; weights, gradients and Adam's state stay fp32); ``auto`` is bf16 where the
+  CPU computes it natively (AVX512_BF16 or AMX) and fp32 elsewhere, where emulated bf16 is slower than fp32. The
+  log says which ran.
+
 ``path: pretrain_network_g`` may also name a ``.safetensors`` file (a shipped ``weights/NAME.safetensors``: one
 network's state dict, so ``param_key_g`` does not apply to it and is ignored; ``strict_load_g`` holds as given), read
 with safetensors; a ``.pth`` loads as BasicSR loads it.
@@ -30,10 +39,61 @@ from basicsr.models.sr_model import SRModel
 from ..upscale.engine import Upscaler, budget_bytes
 
 
+def training_precision(setting: str) -> str:
+    """``train: autocast`` -> the precision a step runs at: ``bf16`` or ``fp32`` (``auto``: bf16 where native)."""
+    from nala_gen.devices import cpu_native_bf16
+
+    if setting not in ("fp32", "bf16", "auto"):
+        raise ValueError(f"train: autocast must be fp32, bf16 or auto, not {setting!r}")
+    if setting == "auto":
+        return "bf16" if torch.cuda.is_available() or cpu_native_bf16() else "fp32"
+    return setting
+
+
 class UpscalerSRModel(SRModel):
-    """``SRModel`` with a memory-budgeted validation pass (whole image where it fits, blended tiles where not)."""
+    """``SRModel`` with a memory-budgeted validation pass (whole image where it fits, blended tiles where not) and
+    the training options ``channels_last`` and ``autocast`` (module docstring)."""
 
     _engine: Upscaler | None = None  # the validation's, built once per validation run
+
+    def __init__(self, opt: dict) -> None:
+        train = opt.get("train") or {} if opt.get("is_train") else {}
+        self._layout = torch.channels_last if train.get("channels_last") else torch.contiguous_format
+        self._precision = training_precision(str(train.get("autocast", "fp32")))
+        super().__init__(opt)
+        if opt.get("is_train"):
+            from basicsr.utils import get_root_logger
+
+            for net in (self.net_g, getattr(self, "net_g_ema", None)):
+                if net is not None:
+                    net.to(memory_format=self._layout)
+            layout = "channels-last" if self._layout is torch.channels_last else "contiguous"
+            get_root_logger().info(f"Training steps: {layout} tensors, {self._precision} forward.")
+
+    def feed_data(self, data: dict) -> None:
+        super().feed_data(data)
+        self.lq = self.lq.contiguous(memory_format=self._layout)
+        if hasattr(self, "gt"):
+            self.gt = self.gt.contiguous(memory_format=self._layout)
+
+    def optimize_parameters(self, current_iter: int) -> None:
+        """BasicSR's step (forward, losses, backward, optimiser, EMA), the network's forward autocast to bf16 when
+        asked: PyTorch's pattern, autocast around the forward only, so the loss (the output promoted to fp32), the
+        backward and the optimiser run as they would in fp32."""
+        if self._precision != "bf16":
+            return super().optimize_parameters(current_iter)
+        net, device_type = self.net_g, self.device.type
+        layers = net.forward
+
+        def forward(*args, **kwargs):
+            with torch.autocast(device_type, dtype=torch.bfloat16):
+                return layers(*args, **kwargs)
+
+        net.forward = forward  # for this step's one call of self.net_g(self.lq); the EMA update still sees the module
+        try:
+            super().optimize_parameters(current_iter)
+        finally:
+            del net.forward
 
     def _make_engine(self) -> Upscaler:
         net = self.net_g_ema if hasattr(self, "net_g_ema") else self.net_g
