@@ -1,7 +1,8 @@
 """ESRT (Lu et al., "Transformer for Single Image Super-Resolution", CVPRW 2022), written from the paper and its
 published design. Registered in BasicSR's ``ARCH_REGISTRY`` as ``ESRT`` by :mod:`nala_gen.sr.basicsr`.
 
-Layout (x4: 751,767 parameters, as published):
+Layout (the published one; its parameter count differs from the release's by 12 unused scalars, see
+docs/differences.md):
 
 * head: 3x3 conv to ``num_feat`` channels;
 * body, with an adaptive (two learned scalars) residual around it:
@@ -334,8 +335,9 @@ class ESRTLayout(nn.Module):
 
 
 class ESRT(ESRTLayout, HubMixin, hub_tags=("super-resolution", "esrt")):
-    """ESRT with efficient multi-head attention (split softmax). 751,767 parameters at x4 (677,783 at x2,
-    770,263 at x3), as published. ``save_pretrained`` / ``from_pretrained`` as :class:`NaLaSR`.
+    """ESRT with efficient multi-head attention (split softmax), the published layout less the release's 12 unused
+    residual scalars (docs/differences.md: the parameter counts). ``save_pretrained`` / ``from_pretrained`` as
+    :class:`NaLaSR`.
 
     Args:
         num_in_ch, num_out_ch: image channels in and out (3).
