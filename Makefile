@@ -6,7 +6,7 @@ STAMP := $(VENV)/.nala-installed
 # The torch/torchvision pair this project is tested with (on x86_64 Python 3.11 pip finds them on disk).
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: install browser demo app test lint docs bench weights-sr weights-diffusion clean
+.PHONY: install browser demo app test lint docs bench sr-data weights-sr weights-diffusion clean
 
 install: $(STAMP)
 
@@ -51,6 +51,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
+# The standard SR test sets (Set5, Set14, B100, Urban100: HR pictures, one folder each) and the training photographs;
+# on this project's machines in ../shared/datasets, elsewhere a folder of your own download.
+BENCHMARK_SETS ?= ../shared/datasets/benchmark
+TRAIN_PHOTOS ?= ../shared/datasets/train
+
+sr-data: $(STAMP)
+	$(BIN)/nala-sr prepare benchmarks $(BENCHMARK_SETS)  # datasets/Set5 ... datasets/Urban100
+	$(BIN)/nala-sr prepare train $(TRAIN_PHOTOS) datasets/train --tests $(BENCHMARK_SETS)  # none a test picture
+
 # Every file under benchmarks/results/ (hours on a 2-core CPU: the SR ablation trains five models). The
 # trained-entropy and digits-quality steps read the shipped weights (make weights-sr / weights-diffusion).
 # The pre-block NaLaDiT (it samples better) and its softmax twin are kept (*-preblock); the retired pre-block
@@ -67,6 +76,12 @@ bench: $(STAMP)
 	$(BIN)/nala-bench peers --skip esrt:500  # ESRT at 4 MP out: over 20 minutes (quadratic attention)
 	$(BIN)/nala-bench peers --models nalasr srvgg --rounds 5 --keep-others  # the pair issue 20 compares, alternated
 	$(BIN)/nala-bench winograd  # the Winograd 3x3 convolutions against oneDNN: per shape and per forward
+	test -d datasets/Urban100 || $(BIN)/nala-sr prepare benchmarks $(BENCHMARK_SETS)
+	$(BIN)/nala-bench sr-sets  # PSNR/SSIM of the shipped weights on Set5, Set14, B100, Urban100 (x2, x4)
+	$(BIN)/nala-bench sr-sets-cost --subset Urban100:10  # the paper's Table 20: ESRT takes ~40 s per Urban100 picture
+	$(BIN)/nala-bench train-speed --rounds 2  # NaLaSR training steps: samples/s per variant (layout, bf16, compile)
+	$(BIN)/nala-bench train-speed --threads 1 --variants baseline channels_last channels_last+bf16 --rounds 2 --tag threads1
+	$(BIN)/nala-bench train-speed --variants baseline channels_last channels_last+bf16 --rounds 1 --profile --tag profile
 	if $(BIN)/python -c "import nala_gen.devices as d; raise SystemExit(not d.cpu_native_bf16())"; then \
 		$(BIN)/nala-bench peers --models nalasr srvgg --precisions fp32 bf16 --sides 250 500 --rounds 3; \
 	else echo "bench: this CPU has no native bf16: sr_peers_precision.json and the bf16 quality not remeasured"; fi

@@ -867,7 +867,9 @@ def headline_table(link: str = "") -> str:
     largest = max(fits, key=lambda r: r["tokens"])  # the largest input ESRT fits under the cap
     beyond = [r for r in scaling["rows"] if r["model"] == "esrt" and r["status"] != "ok"]
 
-    photos = json.loads((RESULTS / "sr_quality_photos.json").read_text())["x4"]
+    sets = json.loads((RESULTS / "sr_sets.json").read_text())
+    x4 = sets["scales"]["x4"]
+    published_esrt = sets["published"]["ESRT"]["x4"]
     dit = json.loads((RESULTS / "dit_ablation.json").read_text())
     variants = {e["variant"]: e for e in dit["variants"]}
     dit_cpus = ", ".join(sorted({r["cpu"] for r in dit["runs"] if r.get("cpu")})) or "not recorded"
@@ -930,12 +932,14 @@ def headline_table(link: str = "") -> str:
             f"[SR models]({link}sr-models.md)",
         ),
         row(
-            f"shipped x4 weights: PSNR (Y) on {len(photos['bicubic']['per_image'])} held-out photos",
-            f"`nalasr-light-x4` {photos['nalasr-light-x4']['psnr']:.2f} dB",
-            f"bicubic {photos['bicubic']['psnr']:.2f} dB, `esrt-x4` {photos['esrt-x4']['psnr']:.2f} dB "
-            f"({x4_pair_budget()})",
-            f"`{photos['data']}`, {photos['metric']}; weights trained on CPUs, see their cards",
-            f"[quality]({link}quality.md)",
+            "shipped x4 weights: PSNR (Y, crop 4) on Set5 / Urban100",
+            f"`nalasr-light-x4` {x4['Set5']['nalasr-light-x4']['psnr']:.2f} / "
+            f"{x4['Urban100']['nalasr-light-x4']['psnr']:.2f} dB",
+            f"bicubic {x4['Set5']['bicubic']['psnr']:.2f} / {x4['Urban100']['bicubic']['psnr']:.2f} dB; `esrt-x4` "
+            f"{x4['Set5']['esrt-x4']['psnr']:.2f} / {x4['Urban100']['esrt-x4']['psnr']:.2f} dB ({x4_pair_budget()}); "
+            f"published ESRT {published_esrt['Set5'][0]:.2f} / {published_esrt['Urban100'][0]:.2f} dB (DIV2K-trained)",
+            "the standard test sets; ours trained on CPUs on 44 photographs (see their cards), ESRT's paper on DIV2K",
+            f"[standard test sets]({link}benchmarks.md)",
         ),
         row(
             f"class-conditional digits, {len(nala_dit['seeds'])} seeds × {dit['budget']['steps']:,} training steps: "
@@ -947,6 +951,58 @@ def headline_table(link: str = "") -> str:
         ),
     ]
     return "\n".join(lines)
+
+
+def sr_sets_quality_table(scale: str) -> str:
+    """The standard test sets at ``scale``: the table is declared beside the bench that writes its JSON."""
+    from nala_gen.bench.sr_sets import quality_table
+
+    result = json.loads((RESULTS / "sr_sets.json").read_text())
+    caption = (
+        f"`nala-bench sr-sets` ({result['run']}; {cores(result['machine'])}): PSNR / SSIM on Y, crop = scale, "
+        f"{scale}. Ours are the shipped weights; the published rows are each paper's own figures for networks trained "
+        "on DIV2K."
+    )
+    return caption + "\n\n" + quality_table(result, scale)
+
+
+def sr_sets_cost_table() -> str:
+    from nala_gen.bench.sr_sets import cost_table
+
+    result = json.loads((RESULTS / "sr_sets_cost.json").read_text())
+    caption = (
+        f"`nala-bench sr-sets-cost` ({result['run']}; {cores(result['machine'])}, torch {result['machine']['torch']}; "
+        f"each network and set in a fresh process capped at {result['mem_limit_bytes'] / 2**30:.0f} GiB): x4, every "
+        "image whole in one pass, mean latency per image / peak memory above the loaded process (the set's largest)."
+    )
+    return caption + "\n\n" + cost_table(result)
+
+
+def train_speed_table(file: str = "train_speed.json") -> str:
+    from nala_gen.bench.train_speed import speed_table
+
+    result = json.loads((RESULTS / file).read_text())
+    machine = result["machine"]
+    bf16 = "with" if {"avx512_bf16", "amx_bf16"} & set(machine["cpu_flags"]) else "without"
+    caption = (
+        f"`nala-bench train-speed` ({result['run']}; {cores(machine)} ({bf16} native bf16), torch {machine['torch']}, "
+        f"{result['variants']['baseline'].get('threads', 2)} threads; `{result['option']}`): median of "
+        f"{result['steps']} steps after {result['warmup']} untimed ones, each variant a fresh process, "
+        f"{result['rounds']} rounds in alternated order; × baseline is the median of the rounds' ratios."
+    )
+    return caption + "\n\n" + speed_table(result)
+
+
+def train_profile_table() -> str:
+    from nala_gen.bench.train_speed import profile_table
+
+    result = json.loads((RESULTS / "train_speed_profile.json").read_text())
+    caption = (
+        f"`nala-bench train-speed --profile` ({result['run']}; {cores(result['machine'])}): each variant's six "
+        f"slowest operators by self CPU time over {result['steps']} steps (`torch.profiler`), per step and as a "
+        "share of all operators' time."
+    )
+    return caption + "\n\n" + profile_table(result)
 
 
 @dataclass(frozen=True)
@@ -961,13 +1017,18 @@ class Table:
 TABLES = (
     Table(
         "headline",
-        ("attention_scaling.json", "sr_peers.json", "sr_scaling.json", "sr_quality_photos.json", "dit_ablation.json"),
+        ("attention_scaling.json", "sr_peers.json", "sr_scaling.json", "sr_sets.json", "dit_ablation.json"),
         headline_table,
     ),  # fmt: skip
     Table("attention", ("attention_scaling.json",), attention_table),
     Table("fused-targets", ("attention_scaling.json", "attention_contention.json"), fused_targets_table),
     Table("attention-d18", ("attention_scaling_d18.json", "attention_scaling_d18_avx2.json"), attention_d18_table),
     Table("step-timing", ("step_timing.json",), step_timing_table),
+    Table("train-speed", ("train_speed.json",), train_speed_table),
+    Table("train-profile", ("train_speed_profile.json",), train_profile_table),
+    Table(
+        "train-speed-threads1", ("train_speed_threads1.json",), lambda: train_speed_table("train_speed_threads1.json")
+    ),
     Table("dit-sizes", ("dit_sizes.json",), dit_sizes_table),
     Table("sr-cost", ("sr_scaling.json",), sr_cost_table),
     Table("sr-quality", ("sr_quality.json",), sr_quality_table),
@@ -978,6 +1039,9 @@ TABLES = (
         ("sr_quality_photos_bf16.json",),
         lambda: sr_quality_table("sr_quality_photos_bf16.json"),
     ),
+    Table("sr-sets-x4", ("sr_sets.json",), lambda: sr_sets_quality_table("x4")),
+    Table("sr-sets-x2", ("sr_sets.json",), lambda: sr_sets_quality_table("x2")),
+    Table("sr-sets-cost", ("sr_sets_cost.json",), sr_sets_cost_table),
     Table("upscale-throughput", ("upscale_throughput.json",), upscale_table),
     Table("upscale-memory", ("upscale_memory.json",), upscale_memory_table),
     Table("upscale-folder", ("upscale_folder.json",), upscale_folder_table),

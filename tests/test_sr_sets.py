@@ -297,3 +297,47 @@ def test_subset_spreads_evenly():
     paths = [Path(f"{i:03d}") for i in range(100)]
     assert _subset(paths, None) == paths and _subset(paths, 200) == paths
     assert [p.name for p in _subset(paths, 3)] == ["000", "050", "099"] and _subset(paths, 1) == paths[:1]
+
+
+def test_learning_curve_reads_validations_across_resumed_logs(tmp_path):
+    """scripts/learning_curve.py: each set's PSNR at the iteration logged before its validation, later logs winning
+    for a repeated iteration (a resume), samples = iterations x batch, the starting weights at zero samples, and a
+    projection only for a rising curve."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("learning_curve", ROOT / "scripts" / "learning_curve.py")
+    curve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(curve)
+    run = tmp_path / "experiments" / "NaLaSR_x4"
+    run.mkdir(parents=True)
+    opt = {"scale": 4, "datasets": {"train": {"batch_size_per_gpu": 4, "gt_size": 192}}}
+    (run / "train_NaLaSR_x4.yml").write_text(yaml.safe_dump(opt))
+
+    def log(name: str, entries: list[tuple[int, float, float]]) -> None:
+        lines = []
+        for iteration, set5, urban in entries:
+            lines.append(f"2026-12-07 17:11:22,346 INFO: [NaLaS..][epoch:  0, iter:{iteration:8,d}, lr:(2.000e-04,)] ")
+            for name_, psnr in (("Set5", set5), ("Urban100", urban)):
+                lines += [
+                    f"2026-12-07 17:11:30,000 INFO: Validation {name_}",
+                    f"\t # psnr: {psnr:.4f}\tBest: 1 @ 2 iter",
+                ]
+        (run / name).write_text("\n".join(lines) + "\n")
+
+    log("train_NaLaSR_x4_20261207_170000.log", [(2500, 30.9, 24.6), (5000, 31.0, 24.7)])
+    log("train_NaLaSR_x4_20261207_190000.log", [(5000, 31.05, 24.72), (7500, 31.1, 24.75)])  # resumed at 4,500
+    assert curve.read_curve(run) == {
+        "Set5": {2500: 30.9, 5000: 31.05, 7500: 31.1},
+        "Urban100": {2500: 24.6, 5000: 24.72, 7500: 24.75},
+    }
+    out = tmp_path / "curve"
+    args = [str(run), "--target", "Set5=31.8", "--target", "Urban100=20", "--out", str(out)]
+    assert curve.main([*args, "--start", "nalasr-light-x4"]) == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    set5 = result["series"]["Set5"]
+    assert [p["samples"] for p in set5] == [0, 10_000, 20_000, 30_000] and set5[-1]["psnr"] == 31.1
+    shipped = json.loads((ROOT / "benchmarks" / "results" / "sr_sets.json").read_text())["scales"]["x4"]
+    assert set5[0]["psnr"] == shipped["Set5"]["nalasr-light-x4"]["psnr"]
+    assert result["projected_samples"]["Set5"] > 30_000  # rising, target above: beyond what was seen
+    assert out.with_suffix(".png").is_file()
+    assert curve.projection([(1, 2.0), (2, 1.0)], 3.0) is None and curve.projection([(5, 1.0)], 2.0) is None

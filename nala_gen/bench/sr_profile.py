@@ -19,6 +19,7 @@ Hooks and the profiler add a little overhead each; the shares, not the absolute 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -62,13 +63,14 @@ def _layer_times(net: torch.nn.Module, x: torch.Tensor, repeats: int, depth: int
     ]
 
 
-def _op_times(net: torch.nn.Module, x: torch.Tensor, repeats: int) -> tuple[list[dict], float]:
-    """Every operator by self CPU time (mean per forward, slowest first), and the sum of their self time (ms)."""
+def operator_times(run: Callable[[], object], repeats: int) -> tuple[list[dict], float]:
+    """Every operator by self CPU time over ``repeats`` calls of ``run`` (mean per call, slowest first), and the sum
+    of their self time (ms)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(repeats):
-            net(x)
+            run()
     events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
     total_us = sum(e.self_cpu_time_total for e in events)
     events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
@@ -160,7 +162,7 @@ def profile_forward(net: torch.nn.Module, x: torch.Tensor, repeats: int = 3, dep
         for _ in range(repeats):
             net(x)
         seconds = (time.perf_counter() - start) / repeats
-        ops, op_ms = _op_times(net, x, repeats)
+        ops, op_ms = operator_times(lambda: net(x), repeats)
         layers = _layer_times(net, x, repeats, depth)
         convolutions = _convolution_times(net, x, repeats)
     return {

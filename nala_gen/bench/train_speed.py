@@ -82,8 +82,9 @@ def read_option(option: Path) -> dict:
     }
 
 
-def worker(option: Path, variant: str, steps: int, warmup: int, threads: int) -> dict:
-    """Time ``steps`` training steps of ``variant`` in this process (see the module docstring)."""
+def worker(option: Path, variant: str, steps: int, warmup: int, threads: int, profile: bool = False) -> dict:
+    """Time ``steps`` training steps of ``variant`` in this process (see the module docstring); with ``profile``,
+    then every operator's share of ``steps`` more steps (``torch.profiler``'s self CPU time)."""
     import torch
 
     from nala_gen.devices import cpu_native_bf16
@@ -119,7 +120,14 @@ def worker(option: Path, variant: str, steps: int, warmup: int, threads: int) ->
     first = [step() for _ in range(max(1, warmup))]
     runs = [step() for _ in range(steps)]
     seconds = statistics.median(runs)
+    operators = {}
+    if profile:
+        from nala_gen.bench.sr_profile import operator_times
+
+        ops, total_ms = operator_times(step, steps)
+        operators = {"operators": ops, "operators_total_ms": total_ms}
     return {
+        **operators,
         "status": "ok",
         "batch": batch,
         "patch": patch,
@@ -159,13 +167,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tag", default="", help="suffix of the result file: train_speed[_TAG].json")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument(
+        "--profile", action="store_true", help="also every operator's share of each variant's step (torch.profiler)"
+    )
     parser.add_argument("--worker", metavar="VARIANT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     check_readable(args.opt, folder=False)
     for variant in args.variants:
         parse_variant(variant)  # a typo is refused before the first process
     if args.worker:
-        print(json.dumps(worker(args.opt, args.worker, args.steps, args.warmup, args.threads)))
+        print(json.dumps(worker(args.opt, args.worker, args.steps, args.warmup, args.threads, args.profile)))
         return 0
     target = check_writable(args.out / f"train_speed{'_' + args.tag if args.tag else ''}.json")
     env = {"OMP_NUM_THREADS": str(args.threads)}
@@ -174,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants if round_index % 2 == 0 else args.variants[::-1]:
             worker_args = ["train-speed", "--worker", variant, "--opt", str(args.opt), "--steps", str(args.steps)]
             worker_args += ["--warmup", str(args.warmup), "--threads", str(args.threads)]
+            worker_args += ["--profile"] if args.profile else []
             variant_env = {**env, **({"NALA_GEN_FUSED": "0"} if parse_variant(variant)["eager"] else {})}
             result = run_worker("nala_gen.bench.cli", worker_args, env=variant_env, timeout=3600)
             rows.append({"variant": variant, "round": round_index, **result})
@@ -231,4 +243,13 @@ def speed_table(result: dict) -> str:
             f"| `{variant}` | {row['batch']} × {row['patch']}² | {row['step_s']:.3f} | {row['samples_per_s']:.2f} | "
             f"{ratio} | {row['first_step_s']:.1f} |"
         )
+    return "\n".join(lines)
+
+
+def profile_table(result: dict, top: int = 6) -> str:
+    """Each profiled variant's ``top`` operators by self CPU time, as shares of its step."""
+    lines = ["| variant | operator | ms per step | share |", "|---|---|---|---|"]
+    for variant, row in result["variants"].items():
+        for op in row.get("operators", [])[:top]:
+            lines.append(f"| `{variant}` | `{op['op']}` | {op['ms']:.1f} | {op['share']:.0%} |")
     return "\n".join(lines)
