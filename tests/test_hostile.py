@@ -240,7 +240,8 @@ def test_a_broken_card_is_reported_not_skipped_silently(tmp_path):
 def test_prepare_refuses_empty_results_and_negative_limits(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = run("nala_gen.sr.cli", "prepare", "benchmark", str(tmp_path / "empty"), str(tmp_path / "out"), cwd=tmp_path)
-    one_line_error(proc, "no images were written")
+    one_line_error(proc, "no images in", "empty")
+    assert not (tmp_path / "out").exists()
     proc = run("nala_gen.sr.cli", "prepare", "mini", str(tmp_path / "mini"), "--limit", "-9", cwd=tmp_path)
     one_line_error(proc, "--limit")
     assert not (tmp_path / "mini").exists()

@@ -92,7 +92,8 @@ def evaluate(
     from .loading import load_sr_model
     from .upscale.engine import Upscaler
 
-    if not (data / "GTmod12").is_dir():
+    missing = not os.path.lexists(data) or (data.is_dir() and not os.path.lexists(data / "GTmod12"))
+    if missing:  # a path that is there but broken (a loop, a file) is said as such by the read below
         raise FileNotFoundError(
             f"{data / 'GTmod12'} not found: make it with nala-sr prepare benchmarks SRC (the standard test sets from "
             "a folder of their HR images) or nala-sr prepare mini (the embedded set)"
