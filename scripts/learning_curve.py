@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         shown = ", ".join(f"{s:,}: {p:.2f}" for s, p in points)
         print(f"{name}: {shown}")
     for name, samples in result["projected_samples"].items():
-        shown = f"projected at ~{samples:,.0f} samples" if samples else "no projection (not rising)"
+        shown = f"projected at ~{samples:,.0f} samples" if samples else "no projection (too few points, or falling)"
         print(f"{name} target {targets[name]} dB: {shown}")
     print(f"wrote {args.out.with_suffix('.json')} and .png")
     return 0
