@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -953,56 +954,62 @@ def headline_table(link: str = "") -> str:
     return "\n".join(lines)
 
 
+def bench_table(file: str, caption: Callable[[dict], str], render: Callable[[dict], str]) -> str:
+    """A table that a bench declares beside the code writing its JSON (``render``), under ``caption``, both of
+    ``file``'s result."""
+    result = json.loads((RESULTS / file).read_text())
+    return caption(result) + "\n\n" + render(result)
+
+
 def sr_sets_quality_table(scale: str) -> str:
-    """The standard test sets at ``scale``: the table is declared beside the bench that writes its JSON."""
+    """The standard test sets at ``scale``."""
     from nala_gen.bench.sr_sets import quality_table
 
-    result = json.loads((RESULTS / "sr_sets.json").read_text())
-    caption = (
-        f"`nala-bench sr-sets` ({result['run']}; {cores(result['machine'])}): PSNR / SSIM on Y, crop = scale, "
-        f"{scale}. Ours are the shipped weights; the published rows are each paper's own figures for networks trained "
-        "on DIV2K."
-    )
-    return caption + "\n\n" + quality_table(result, scale)
+    def caption(result: dict) -> str:
+        return (
+            f"`nala-bench sr-sets` ({result['run']}; {cores(result['machine'])}): PSNR / SSIM on Y, crop = scale, "
+            f"{scale}. Ours are the shipped weights; the published rows are each paper's own figures for networks "
+            "trained on DIV2K."
+        )
+
+    return bench_table("sr_sets.json", caption, lambda result: quality_table(result, scale))
 
 
-def sr_sets_cost_table() -> str:
-    from nala_gen.bench.sr_sets import cost_table
-
-    result = json.loads((RESULTS / "sr_sets_cost.json").read_text())
-    caption = (
+def sr_sets_cost_caption(result: dict) -> str:
+    return (
         f"`nala-bench sr-sets-cost` ({result['run']}; {cores(result['machine'])}, torch {result['machine']['torch']}; "
         f"each network and set in a fresh process capped at {result['mem_limit_bytes'] / 2**30:.0f} GiB): x4, every "
         "image whole in one pass, mean latency per image / peak memory above the loaded process (the set's largest)."
     )
-    return caption + "\n\n" + cost_table(result)
 
 
-def train_speed_table(file: str = "train_speed.json") -> str:
-    from nala_gen.bench.train_speed import speed_table
-
-    result = json.loads((RESULTS / file).read_text())
+def train_speed_caption(result: dict) -> str:
     machine = result["machine"]
     bf16 = "with" if {"avx512_bf16", "amx_bf16"} & set(machine["cpu_flags"]) else "without"
-    caption = (
+    return (
         f"`nala-bench train-speed` ({result['run']}; {cores(machine)} ({bf16} native bf16), torch {machine['torch']}, "
         f"{result['variants']['baseline'].get('threads', 2)} threads; `{result['option']}`): median of "
         f"{result['steps']} steps after {result['warmup']} untimed ones, each variant a fresh process, "
         f"{result['rounds']} rounds in alternated order; × baseline is the median of the rounds' ratios."
     )
-    return caption + "\n\n" + speed_table(result)
 
 
-def train_profile_table() -> str:
-    from nala_gen.bench.train_speed import profile_table
-
-    result = json.loads((RESULTS / "train_speed_profile.json").read_text())
-    caption = (
+def train_profile_caption(result: dict) -> str:
+    return (
         f"`nala-bench train-speed --profile` ({result['run']}; {cores(result['machine'])}): each variant's six "
         f"slowest operators by self CPU time over {result['steps']} steps (`torch.profiler`), per step and as a "
         "share of all operators' time."
     )
-    return caption + "\n\n" + profile_table(result)
+
+
+def bench_renderer(name: str) -> Callable[[dict], str]:
+    """A bench's table renderer, imported when a table is rendered (``module:function`` under nala_gen.bench)."""
+
+    def render(result: dict) -> str:
+        module, _, function = name.partition(":")
+        return getattr(importlib.import_module(f"nala_gen.bench.{module}"), function)(result)
+
+    return render
 
 
 @dataclass(frozen=True)
@@ -1024,10 +1031,24 @@ TABLES = (
     Table("fused-targets", ("attention_scaling.json", "attention_contention.json"), fused_targets_table),
     Table("attention-d18", ("attention_scaling_d18.json", "attention_scaling_d18_avx2.json"), attention_d18_table),
     Table("step-timing", ("step_timing.json",), step_timing_table),
-    Table("train-speed", ("train_speed.json",), train_speed_table),
-    Table("train-profile", ("train_speed_profile.json",), train_profile_table),
     Table(
-        "train-speed-threads1", ("train_speed_threads1.json",), lambda: train_speed_table("train_speed_threads1.json")
+        "train-speed",
+        ("train_speed.json",),
+        lambda: bench_table("train_speed.json", train_speed_caption, bench_renderer("train_speed:speed_table")),
+    ),
+    Table(
+        "train-profile",
+        ("train_speed_profile.json",),
+        lambda: bench_table(
+            "train_speed_profile.json", train_profile_caption, bench_renderer("train_speed:profile_table")
+        ),
+    ),
+    Table(
+        "train-speed-threads1",
+        ("train_speed_threads1.json",),
+        lambda: bench_table(
+            "train_speed_threads1.json", train_speed_caption, bench_renderer("train_speed:speed_table")
+        ),
     ),
     Table("dit-sizes", ("dit_sizes.json",), dit_sizes_table),
     Table("sr-cost", ("sr_scaling.json",), sr_cost_table),
@@ -1041,7 +1062,11 @@ TABLES = (
     ),
     Table("sr-sets-x4", ("sr_sets.json",), lambda: sr_sets_quality_table("x4")),
     Table("sr-sets-x2", ("sr_sets.json",), lambda: sr_sets_quality_table("x2")),
-    Table("sr-sets-cost", ("sr_sets_cost.json",), sr_sets_cost_table),
+    Table(
+        "sr-sets-cost",
+        ("sr_sets_cost.json",),
+        lambda: bench_table("sr_sets_cost.json", sr_sets_cost_caption, bench_renderer("sr_sets:cost_table")),
+    ),
     Table("upscale-throughput", ("upscale_throughput.json",), upscale_table),
     Table("upscale-memory", ("upscale_memory.json",), upscale_memory_table),
     Table("upscale-folder", ("upscale_folder.json",), upscale_folder_table),
