@@ -307,7 +307,7 @@ def test_peers_profile_names_the_operators_and_layers_that_take_the_time(tmp_pat
     shares = [r["share"] for r in result["ops"]]
     assert shares == sorted(shares, reverse=True)
     layers = {r["layer"]: r for r in result["layers"]}
-    # the layers of the network as the board runs it: its inference graph (nala_gen.sr.archs.inference_graph)
+    # the layers of the network as the board runs it: its fast inference form (nala_gen.sr.archs.fast)
     assert layers["body"]["type"] == "FoldedBody" and layers["body.hpbs.0"]["type"] == "FoldedHPB"
     assert layers["body.transformer"]["ms"] < layers["body"]["ms"]  # a layer's time includes its children's
     # the graph's convolutions by shape, its fold (a 3x3 convolution of the attention's 144-wide output) and the

@@ -1,5 +1,5 @@
-"""The faster inference graph (nala_gen.sr.archs.inference_graph) computes the plain forward's function, and the
-networks' own forward runs it in inference."""
+"""The fast inference form (nala_gen.sr.archs.fast) computes the plain forward's function, and the networks build
+it and run it from their own forward in inference."""
 
 import numpy as np
 import pytest
@@ -7,9 +7,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nala_gen.sr.archs import inference_graph as graph_module
+from nala_gen.attention import inference as block_inference
+from nala_gen.attention.inference import HeadGroupedMix
+from nala_gen.sr.archs import esrt_arch
 from nala_gen.sr.archs.esrt_arch import ESRT
-from nala_gen.sr.archs.inference_graph import REACH_PROBES, ComposedUpsampler, compose_chain, inference_graph
+from nala_gen.sr.archs.fast import ESRTInferenceGraph
+from nala_gen.sr.archs.fast.body import Float32PReLU
+from nala_gen.sr.archs.fast.transformer import ConvolvedTokens
+from nala_gen.sr.archs.fast.upsampler import REACH_PROBES, ComposedUpsampler, compose_chain, support_radius
 from nala_gen.sr.archs.nalasr_arch import NaLaSR
 from nala_gen.sr.upscale.engine import Upscaler
 
@@ -34,7 +39,7 @@ def trained_looking(net: nn.Module, seed: int) -> nn.Module:
 
 def plain_and_graph(net: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.inference_mode():
-        return net.forward_layers(x), inference_graph(net)(x)
+        return net.forward_layers(x), net.inference_form()(x)
 
 
 @pytest.mark.parametrize("scale", [2, 3, 4])
@@ -77,8 +82,6 @@ def test_composed_kernel_has_the_chains_reach():
 
 
 def test_the_reach_read_off_the_layers_shapes_sizes_the_probe_as_the_response_would():
-    from nala_gen.sr.archs.inference_graph import support_radius
-
     chain = reach_three_chain()
     assert support_radius(chain, 4, 5) == 3
     assert support_radius(chain, 2, 5) is None  # not this chain's scale
@@ -104,26 +107,41 @@ def test_a_chain_beyond_the_first_probe_is_composed_from_a_larger_one():
 
 def test_the_graph_is_built_once_and_again_after_new_weights():
     net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=3)
-    graph = inference_graph(net)
-    assert inference_graph(net) is graph
+    graph = net.inference_form()
+    assert net.inference_form() is graph
     other = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=4)
     net.load_state_dict(other.state_dict())
-    assert inference_graph(net) is not graph
+    assert net.inference_form() is not graph
     x = torch.rand(1, 3, 17, 19)
     with torch.inference_mode():
-        assert within_tol(inference_graph(net)(x), other.forward_layers(x))
-    assert inference_graph(net.train()) is net  # training runs the plain modules
+        assert within_tol(net.inference_form()(x), other.forward_layers(x))
+    assert net.train().inference_form() is net  # training runs the plain modules
 
 
-def test_the_engine_runs_the_graph_and_matches_the_plain_network_on_tiles():
-    net = trained_looking(NaLaSR(upscale=4, num_feat=16, num_block=1, num_heads=4), seed=5)
+def count_calls(monkeypatch, cls: type, name: str) -> list:
+    calls, method = [], getattr(cls, name)
+    monkeypatch.setattr(cls, name, lambda self, *args: calls.append(1) or method(self, *args))
+    return calls
+
+
+@pytest.mark.parametrize("switched_off", ["after", "at_construction"])
+def test_the_engine_runs_what_the_network_chooses_and_matches_the_layers_on_tiles(monkeypatch, switched_off):
     img = np.random.default_rng(0).integers(0, 65536, (45, 38, 3), dtype=np.uint16)
+    graph_calls = count_calls(monkeypatch, ESRTInferenceGraph, "forward")
+    layer_calls = count_calls(monkeypatch, NaLaSR, "forward_layers")
+    net = trained_looking(NaLaSR(upscale=4, num_feat=16, num_block=1, num_heads=4), seed=5)
     engine = Upscaler(net, 4, "cpu", tile=32, tile_pad=8)
-    assert engine.model is not engine.network
     fast, _ = engine.upscale(img)
-    engine.network.fast_inference = False  # its own forward would run the graph too
-    engine.model = engine.network
+    assert graph_calls and not layer_calls
+    graph_calls.clear()
+    if switched_off == "after":  # the engine calls the network: a switch on it holds at once
+        net.fast_inference = False
+    else:
+        layers_net = NaLaSR(upscale=4, num_feat=16, num_block=1, num_heads=4, fast_inference=False)
+        layers_net.load_state_dict(net.state_dict())
+        engine = Upscaler(layers_net, 4, "cpu", tile=32, tile_pad=8)
     plain, _ = engine.upscale(img)
+    assert layer_calls and not graph_calls
     assert np.abs(fast.astype(np.int64) - plain.astype(np.int64)).max() <= 1
 
 
@@ -149,9 +167,9 @@ def test_head_groups_keep_each_heads_own_norm_scale(monkeypatch, heads, norm_sca
     with torch.no_grad():
         block.log_norm_scale.copy_(torch.linspace(-1.5, 1.0, heads))
     x = torch.rand(1, 3, 15, 13, generator=torch.Generator().manual_seed(4))
-    mix = inference_graph(net).body.transformer[0].mix
+    mix = net.inference_form().body.transformer[0].mix
     heads_per_group = {"all": heads, "half": heads // 2, "one": 1}[per_group]
-    monkeypatch.setattr(graph_module, "QKV_GROUP_BYTES", 15 * 13 * 3 * mix.head_dim * 4 * heads_per_group)
+    monkeypatch.setattr(block_inference, "QKV_GROUP_BYTES", 15 * 13 * 3 * mix.head_dim * 4 * heads_per_group)
     assert mix.groups(15 * 13, 4) == heads // heads_per_group
     plain, graph = plain_and_graph(net, x)
     assert within_tol(plain, graph)
@@ -164,10 +182,10 @@ def test_transformer_bands_compute_the_whole_maps_function(monkeypatch, rows_per
     # with halos: the bands' seams and the map's top and bottom edges must come out as the whole map's.
     net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=11)
     x = torch.rand(batch, 3, 17, 13, generator=torch.Generator().manual_seed(5))
-    transformer = inference_graph(net).body.transformer[0]
+    transformer = net.inference_form().body.transformer[0]
     row_bytes = batch * 13 * (transformer.x_weight_proj.shape[0] + transformer.h_weight_proj.shape[0]) * 4
-    monkeypatch.setattr(graph_module, "TRANSFORMER_BAND_BYTES", row_bytes * rows_per_band)
-    bands = graph_module._row_bands(17, row_bytes)
+    monkeypatch.setattr(block_inference, "BAND_BYTES", row_bytes * rows_per_band)
+    bands = block_inference.row_bands(17, row_bytes)
     assert len(bands) == -(-17 // rows_per_band) and bands[0][0] == 0 and bands[-1][1] == 17
     assert all(stop == start for (_, stop), (start, _) in zip(bands, bands[1:]))  # adjacent, no gaps or overlaps
     plain, graph = plain_and_graph(net, x)
@@ -190,13 +208,13 @@ def test_streamed_attention_in_bands_for_every_block_variant(monkeypatch, option
         with torch.no_grad():
             block.qkvg.weight[72:144] *= 3e5  # the key rows (C = 72): components far beyond RAW_KEY_LIMIT
     x = torch.rand(2, 3, 16, 11, generator=torch.Generator().manual_seed(9))
-    transformer = inference_graph(net).body.transformer[0]
+    transformer = net.inference_form().body.transformer[0]
     row_bytes = 2 * 11 * (transformer.x_weight_proj.shape[0] + transformer.h_weight_proj.shape[0]) * 4
-    monkeypatch.setattr(graph_module, "TRANSFORMER_BAND_BYTES", row_bytes * 3)
+    monkeypatch.setattr(block_inference, "BAND_BYTES", row_bytes * 3)
     states, whole = [], []
-    key_state, forward = graph_module.HeadGroupedMix.key_state, graph_module.HeadGroupedMix.forward
-    monkeypatch.setattr(graph_module.HeadGroupedMix, "key_state", lambda *a: states.append(key_state(*a)) or states[-1])
-    monkeypatch.setattr(graph_module.HeadGroupedMix, "forward", lambda *a: whole.append(1) or forward(*a))
+    key_state, forward = HeadGroupedMix.key_state, HeadGroupedMix.forward
+    monkeypatch.setattr(HeadGroupedMix, "key_state", lambda *a: states.append(key_state(*a)) or states[-1])
+    monkeypatch.setattr(HeadGroupedMix, "forward", lambda *a: whole.append(1) or forward(*a))
     plain, graph = plain_and_graph(net, x)
     assert len(states) == 1 and (states[0] is None) == huge and len(whole) == huge
     assert within_tol(plain, graph), (plain - graph).abs().max().item()
@@ -210,23 +228,23 @@ def test_banded_transformer_projects_convolutions_of_x_not_a_held_attention_inpu
     # autocast within bf16's rounding of the same network).
     net = trained_looking(NaLaSR(upscale=2, num_feat=16, num_block=1, num_heads=4), seed=12)
     x = torch.rand(1, 3, 18, 15, generator=torch.Generator().manual_seed(7))
-    transformer = inference_graph(net).body.transformer[0]
+    transformer = net.inference_form().body.transformer[0]
     seen = []
     for name in ("forward", "key_state"):
-        method = getattr(graph_module.HeadGroupedMix, name)
+        method = getattr(HeadGroupedMix, name)
         monkeypatch.setattr(
-            graph_module.HeadGroupedMix,
+            HeadGroupedMix,
             name,
             lambda mix, t, *args, method=method, name=name: seen.append((name, type(t))) or method(mix, t, *args),
         )
     with torch.inference_mode():
         reference = net.forward_layers(x)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            whole = inference_graph(net)(x).float()
+            whole = net.inference_form()(x).float()
             row_bytes = 15 * (transformer.x_weight_proj.shape[0] + transformer.h_weight_proj.shape[0]) * 4
-            monkeypatch.setattr(graph_module, "TRANSFORMER_BAND_BYTES", row_bytes * 4)
-            banded = inference_graph(net)(x).float()
-    banded_call = ("forward" if autocast else "key_state", graph_module.ConvolvedTokens)
+            monkeypatch.setattr(block_inference, "BAND_BYTES", row_bytes * 4)
+            banded = net.inference_form()(x).float()
+    banded_call = ("forward" if autocast else "key_state", ConvolvedTokens)
     assert seen == [("forward", torch.Tensor), banded_call]
     if autocast:  # bf16's own rounding, no more than the whole-map graph's
         assert (banded - reference).abs().max().item() <= 2 * (whole - reference).abs().max().item()
@@ -262,7 +280,7 @@ def test_the_graph_moves_to_channels_last_as_the_engine_moves_it():
     x = torch.rand(1, 3, 19, 22, generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         plain = net.forward_layers(x)
-        graph = inference_graph(net).to(memory_format=torch.channels_last)
+        graph = net.inference_form().to(memory_format=torch.channels_last)
         moved = graph(x.contiguous(memory_format=torch.channels_last))
     assert within_tol(plain, moved)
 
@@ -279,8 +297,8 @@ def test_the_networks_own_forward_runs_the_graph_in_inference(context):
         with getattr(torch, context)():
             out = net(x)
             assert out.is_contiguous()  # the caller's layout (the graph itself runs channels-last)
-            assert net in graph_module._GRAPHS  # built by the call above
-            assert torch.equal(out, inference_graph(net)(x))
+            assert net in esrt_arch._FAST_FORMS  # built by the call above
+            assert torch.equal(out, net.inference_form()(x))
             layers = net.forward_layers(x)
         assert not torch.equal(out, layers)  # a different computation (composed and folded layers) ...
         assert within_tol(out, layers)  # ... of the same function
@@ -290,7 +308,7 @@ def test_frozen_parameters_and_an_input_without_grad_run_the_graph_with_autograd
     net = tiny_nalasr().requires_grad_(False)
     x = torch.rand(1, 3, 14, 15)
     out = net(x)
-    assert torch.equal(out, inference_graph(net)(x)) and not out.requires_grad
+    assert torch.equal(out, net.inference_form()(x)) and not out.requires_grad
 
 
 @pytest.mark.parametrize("case", ["training", "parameter_grads", "input_grad", "switched_off"])
@@ -304,7 +322,7 @@ def test_the_layers_run_where_autograd_or_the_user_needs_them(case):
     with torch.set_grad_enabled(case != "switched_off"):
         out = net(x)
         assert torch.equal(out, net.forward_layers(x))
-    assert net not in graph_module._GRAPHS
+    assert net not in esrt_arch._FAST_FORMS
     if case in ("training", "parameter_grads"):  # gradients reach the weights, in eval mode too
         out.square().mean().backward()
         assert net.head.weight.grad is not None and net.head.weight.grad.abs().sum() > 0
@@ -321,7 +339,7 @@ def test_the_graph_under_bf16_autocast_keeps_to_the_layers_under_it():
         reference = net.forward_layers(x)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             layers, graph = net.forward_layers(x).float(), net(x).float()
-    assert any(isinstance(m, graph_module.Float32PReLU) for m in inference_graph(net).modules())
+    assert any(isinstance(m, Float32PReLU) for m in net.inference_form().modules())
     layers_error = (layers - reference).abs().max().item()
     assert 0 < layers_error < 0.1  # bf16 rounding, visible
     assert (graph - reference).abs().max().item() <= 2 * layers_error
@@ -350,9 +368,28 @@ def test_building_the_graph_leaves_the_network_as_it_was():
     # The graph shares the network's layers and makes new ones only where it folds weights.
     net = tiny_nalasr(seed=12)
     before = {k: v.clone() for k, v in net.state_dict().items()}
-    graph = inference_graph(net)
+    graph = net.inference_form()
     after = net.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
     shared = {id(p) for p in net.parameters()}
     assert any(id(p) in shared for p in graph.parameters())  # the unfolded layers are the network's own
     assert any(id(p) not in shared for p in graph.parameters())  # the folded ones are new
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_onnx_export_exports_what_the_network_runs_in_inference(monkeypatch, tmp_path, fast):
+    from nala_gen.sr.interop import onnx_export
+
+    class Exported(Exception):
+        pass
+
+    def export(module, *args, **kwargs):
+        raise Exported(module)
+
+    monkeypatch.setattr(torch.onnx, "export", export)
+    net = tiny_nalasr()
+    net.fast_inference = fast
+    with pytest.raises(Exported) as exported:
+        onnx_export.export_onnx(net, tmp_path / "net.onnx")
+    module = exported.value.args[0]
+    assert isinstance(module, ESRTInferenceGraph) if fast else module is net  # traced, net runs its layers

@@ -50,6 +50,16 @@ def test_hub_methods_return_the_arch_and_keep_its_config(tmp_path, monkeypatch):
     assert loaded._hub_mixin_config == model._hub_mixin_config and loaded._hub_mixin_config["gate"] is False
 
 
+def test_the_fast_inference_switch_is_saved_with_the_config(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = NaLaSR(num_feat=16, num_block=1, num_heads=4, upscale=2)
+    model.fast_inference = False  # switched after construction: the saved config follows it
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["fast_inference"] is False
+    loaded = NaLaSR.from_pretrained(tmp_path).eval()
+    assert loaded.fast_inference is False and loaded.inference_form() is loaded
+
+
 def test_the_archs_load_without_huggingface_hubs_http_client():
     """One-image ``nala-sr upscale`` builds a network: the mixin's module (and its HTTP client) waits for a hub call."""
     code = (

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from nala_gen.bench.upscale_folder import make_clip
-from nala_gen.sr.archs.inference_graph import inference_graph
 from nala_gen.sr.jobs.video import VideoError, probe, upscale_video
 from nala_gen.sr.loading import build_arch
 from nala_gen.sr.upscale.engine import Upscaler
@@ -77,8 +76,8 @@ class StopAfter(torch.nn.Module):
 def test_an_interrupted_video_resumes_from_its_last_whole_chunk(tmp_path, clip):
     # Lossless FFV1, so that the resumed video's frames can be compared with an uninterrupted run's exactly (x264
     # with several threads need not repeat its bits from one run to the next). The engine runs a NaLaSR through its
-    # inference graph; the counting wrappers below hide the network's type, so all three runs get the graph itself.
-    net = inference_graph(tiny_net())
+    # fast inference form; the counting wrappers below hide the network, so all three runs get the form itself.
+    net = tiny_net().inference_form()
     whole = tmp_path / "whole.mkv"
     upscale_video(Upscaler(net, 4, tile=0), clip, whole, codec="ffv1", chunk_seconds=0.25)  # 3 frames a chunk
     out = tmp_path / "resumed.mkv"

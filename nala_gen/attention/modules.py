@@ -96,9 +96,14 @@ class FusedLinear(nn.Linear):
         return F.linear(x, self.weight[rows], None if self.bias is None else self.bias[rows])
 
 
-def _grid_rope(hw: Grid | None, rope_dim: int | None, device: torch.device) -> tuple[Tensor, Tensor] | None:
-    """2-D RoPE tables for ``rope_dim`` features over the grid ``hw`` (None without either)."""
-    return None if rope_dim is None or hw is None else rope_2d(hw[0], hw[1], rope_dim, device=device)
+def _grid_rope(
+    hw: Grid | None, rope_dim: int | None, device: torch.device, first_row: int = 0
+) -> tuple[Tensor, Tensor] | None:
+    """2-D RoPE tables for ``rope_dim`` features over the grid ``hw`` (None without either); with ``first_row``,
+    rows ``first_row`` onwards of a taller grid's."""
+    if rope_dim is None or hw is None:
+        return None
+    return rope_2d(hw[0], hw[1], rope_dim, device=device, first_row=first_row)
 
 
 class NaLaAttention(nn.Module):
@@ -129,6 +134,11 @@ class NaLaAttention(nn.Module):
             eval mode, like BatchNorm's statistics), so the typical query sits at ``|q| / gamma = 0.5`` however
             the norms drift in training, and a learned gamma's way out of the mechanism (queries growing into
             tanh's saturation) is closed.
+
+    Forms that compute :meth:`mix` another way (:mod:`nala_gen.attention.inference`) read the block through
+    :meth:`projection`, :meth:`rope_tables`, :meth:`head_norm_scale`, ``kernel``, ``kernel_options`` and two
+    modules: ``lepe`` (the depthwise convolution on v, None without LePE) and ``out_norm`` (the gate's LayerNorm,
+    None without the gate).
     """
 
     def __init__(
@@ -188,8 +198,30 @@ class NaLaAttention(nn.Module):
         size = feature_dim(kernel, head_dim, **options)
         return size if self.use_rope and size % 4 == 0 else None
 
-    def _rope(self, hw: Grid | None, device: torch.device) -> tuple[Tensor, Tensor] | None:
-        return _grid_rope(hw, self.rope_dim, device)
+    @property
+    def head_dim(self) -> int:
+        return self.qkvg.in_features // self.num_heads
+
+    def projection(self, part: str) -> tuple[Tensor, Tensor | None]:
+        """One projection of the fused ``qkvg``: its weight (C, C) and bias (C,) (None without ``qkv_bias``), views
+        of its rows. ``part``: ``"q"``, ``"k"``, ``"v"`` or, with the gate, ``"g"``; within a part each head's
+        ``head_dim`` rows are consecutive, head 0 first (the order :meth:`mix` splits them in)."""
+        parts = ("q", "k", "v", "g") if self.out_norm is not None else ("q", "k", "v")
+        if part not in parts:
+            raise ValueError(f"this block projects {', '.join(parts)}, not {part!r}")
+        c = self.qkvg.in_features
+        rows = slice(parts.index(part) * c, (parts.index(part) + 1) * c)
+        return self.qkvg.weight[rows], None if self.qkvg.bias is None else self.qkvg.bias[rows]
+
+    def rope_tables(self, hw: Grid | None, device: torch.device, first_row: int = 0) -> tuple[Tensor, Tensor] | None:
+        """The RoPE tables (cos, sin), each (H*W, F/2), that :meth:`mix` uses on an H x W grid (None without RoPE or
+        a grid); with ``first_row``, those of rows ``first_row`` onwards of a taller grid (a band of its rows)."""
+        return _grid_rope(hw, self.rope_dim, device, first_row)
+
+    def head_norm_scale(self) -> Tensor | None:
+        """A learned or tracked norm scale's per-head gamma (heads,), as inference uses it; None where gamma is a
+        number (it is in ``kernel_options`` then) or the paper's 1."""
+        return None if self.log_norm_scale is None else self.log_norm_scale.exp()
 
     def _norm_scale(self, q: Tensor) -> Tensor:
         """Per-head gamma (heads, 1, 1). Learned: started from the median query norms of the first training batch.
@@ -205,7 +237,7 @@ class NaLaAttention(nn.Module):
                         target = torch.lerp(self.log_norm_scale, target, TRACKED_NORM_MOMENTUM)
                 self.log_norm_scale.copy_(target)
                 self.norm_scale_started.fill_(True)
-        return self.log_norm_scale.exp().view(-1, 1, 1)
+        return self.head_norm_scale().view(-1, 1, 1)
 
     def forward(self, x: Tensor, hw: Grid | None = None) -> Tensor:
         """x: (B, N, C); hw: the (H, W) grid of the N tokens (enables RoPE and LePE). Returns (B, N, out_dim)."""

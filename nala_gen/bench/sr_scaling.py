@@ -261,13 +261,14 @@ def peer_worker(model: str, side: int, repeats: int, mem_limit: int, tiled: bool
 
 def profile_worker(model: str, side: int, repeats: int) -> dict:
     """Per-operator and per-layer times of one whole-image forward in this (fresh) process, run as peer_worker
-    runs it. The layers are those ``net(x)`` runs: for NaLaSR and ESRT, their inference graph's."""
+    runs it. The layers are those ``net(x)`` runs: for NaLaSR and ESRT, their fast inference form's."""
     from nala_gen.bench.sr_profile import profile_forward
     from nala_gen.profiling import reused_large_temporaries
-    from nala_gen.sr.archs.inference_graph import inference_graph
 
     torch.manual_seed(0)
-    net = inference_graph(build(model).eval().to(memory_format=torch.channels_last))
+    net = build(model).eval().to(memory_format=torch.channels_last)
+    form = getattr(net, "inference_form", None)  # NaLaSR's and ESRT's fast form, the module their net(x) runs
+    net = net if form is None else form()
     x = padded_input(model, side, side).contiguous(memory_format=torch.channels_last)
     with reused_large_temporaries():  # as peer_worker and the engine run a pass
         return profile_forward(net, x, repeats)

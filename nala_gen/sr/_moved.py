@@ -22,9 +22,10 @@ MOVED = {
     "nala_gen.sr.basicsr_registry": "nala_gen.sr.basicsr",
     "nala_gen.sr.basicsr_model": "nala_gen.sr.basicsr.model",
     "nala_gen.sr.upscaler": "nala_gen.sr.upscale.engine",
-    "nala_gen.sr.inference_graph": "nala_gen.sr.archs.inference_graph",
-    # the network's own forward runs it in inference, so it lives beside the archs
-    "nala_gen.sr.upscale.inference_graph": "nala_gen.sr.archs.inference_graph",
+    # the networks own their fast inference form, one module per job in a package beside them
+    "nala_gen.sr.inference_graph": "nala_gen.sr.archs.fast",
+    "nala_gen.sr.upscale.inference_graph": "nala_gen.sr.archs.fast",
+    "nala_gen.sr.archs.inference_graph": "nala_gen.sr.archs.fast",
     "nala_gen.sr.probe_cache": "nala_gen.sr.upscale.probe_cache",
     "nala_gen.sr.resample": "nala_gen.sr.upscale.resample",
     "nala_gen.sr.imageio": "nala_gen.sr.upscale.imageio",

@@ -3,7 +3,8 @@
 * :mod:`.nalasr_arch`: NaLaSR, ESRT's layout with the paper's NaLa block as its attention (torch only);
 * :mod:`.esrt_arch`: ESRT as published (torch only);
 * :mod:`.srvgg_zero_init_arch`: BasicSR's SRVGGNetCompact with a trainable-from-scratch init (imports BasicSR);
-* :mod:`.inference_graph`: the faster form of an ESRT-layout network that its own ``forward`` runs in inference;
+* :mod:`.fast`: the fast inference form that an ESRT-layout network builds and its own ``forward`` runs in inference
+  (:mod:`.esrt_layers`: the small layers both share);
 * :mod:`.peers`: the BasicSR settings of the networks NaLaSR is compared with.
 
 None is registered at import: ``import nala_gen.sr.basicsr`` puts them in BasicSR's ``ARCH_REGISTRY``, so the

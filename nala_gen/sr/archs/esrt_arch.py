@@ -21,12 +21,13 @@ EMHA reduces the tokens to half width, splits them into four segments of ``N // 
 attention inside each, so its memory is quadratic (about N^2 / 4 scores per head).
 
 :class:`ESRTLayout` is this network with the transformer's attention given as a module; ``ESRT`` gives it EMHA
-and NaLaSR (``nalasr_arch``) the NaLa block.
+and NaLaSR (``nalasr_arch``) the NaLa block. It owns its fast inference form (:mod:`~nala_gen.sr.archs.fast`):
+:meth:`ESRTLayout.forward` is where inference chooses between it and the layers.
 """
 
 from __future__ import annotations
 
-import math
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -36,27 +37,14 @@ from torch import nn
 from nala_gen.attention import report_queries_keys
 from nala_gen.attention.fused import tracing
 
+from .esrt_layers import LearnedScale, conv3x3, upsample_to, upsampler
+from .fast import ESRTInferenceGraph
 from .hub import HubMixin
 
 Tensor = torch.Tensor
 Grid = tuple[int, int]
 # attention(dim) -> module called as module(tokens (B, N, dim), hw) -> (B, N, dim)
 AttentionFactory = Callable[[int], nn.Module]
-
-
-class LearnedScale(nn.Module):
-    """Multiplies by one learned scalar (ESRT's ``Scale``), initialised to 1."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(1))
-
-    def forward(self, x: Tensor) -> Tensor:
-        return x * self.scale
-
-
-def conv3x3(in_ch: int, out_ch: int, bias: bool = True) -> nn.Conv2d:
-    return nn.Conv2d(in_ch, out_ch, 3, padding=1, bias=bias)
 
 
 class ResidualUnit(nn.Module):
@@ -120,11 +108,6 @@ class ARFB(nn.Module):
         x2 = self.ru2(x1)
         y = self.conv(self.attention(self.fuse(torch.cat((self.scale_x2(x2), self.scale_x1(x1)), dim=1))))
         return self.scale_x(x) + self.scale_res(y)
-
-
-def upsample_to(x: Tensor, hw: Grid) -> Tensor:
-    """ESRT's bilinear upsampling of the HPB's pooled branch (align_corners=True, as published)."""
-    return F.interpolate(x, size=hw, mode="bilinear", align_corners=True)
 
 
 class HPB(nn.Module):
@@ -253,16 +236,14 @@ class ESRTBody(nn.Module):
         return self.scale_x(x) + self.scale_res(out)
 
 
-def upsampler(scale: int, channels: int) -> list[nn.Module]:
-    """EDSR's conv + PixelShuffle stages: one for x2 and x3, log2(scale) x2 stages for powers of two."""
-    if scale in (2, 3):
-        return [conv3x3(channels, channels * scale**2), nn.PixelShuffle(scale)]
-    if scale >= 2 and scale & (scale - 1) == 0:
-        layers: list[nn.Module] = []
-        for _ in range(int(math.log2(scale))):
-            layers += [conv3x3(channels, channels * 4), nn.PixelShuffle(2)]
-        return layers
-    raise ValueError(f"upscale must be 2, 3 or a power of two, got {scale}")
+# network -> (the state of its parameters its fast form was built from, the fast form). Not an attribute of the
+# network: as a submodule the fast form would join its state dict, parameters and deep copies (BasicSR's EMA).
+_FAST_FORMS: weakref.WeakKeyDictionary[nn.Module, tuple[tuple, nn.Module]] = weakref.WeakKeyDictionary()
+
+
+def _parameter_state(net: nn.Module) -> tuple:
+    # Storage and in-place version of every parameter: .to() changes the first, load_state_dict the second.
+    return tuple((p.data_ptr(), p._version) for p in net.parameters())
 
 
 class ESRTLayout(nn.Module):
@@ -277,6 +258,8 @@ class ESRTLayout(nn.Module):
         num_et: Efficient Transformers in the body.
         upscale: 2, 3 or a power of two.
         attention: ``attention(token_dim)`` builds each transformer's attention module.
+        fast_inference: run the fast inference form in inference (see :meth:`forward`); False runs the layers one
+            by one there too.
     """
 
     def __init__(
@@ -288,6 +271,7 @@ class ESRTLayout(nn.Module):
         num_et: int,
         upscale: int,
         attention: AttentionFactory,
+        fast_inference: bool = True,
     ) -> None:
         super().__init__()
         self.upscale = upscale
@@ -298,24 +282,31 @@ class ESRTLayout(nn.Module):
         self.skip = nn.Sequential(
             *upsampler(upscale, num_feat), conv3x3(num_feat, num_out_ch, bias=False), nn.ReLU(inplace=True)
         )
+        self.fast_inference = fast_inference
 
-    # Set to False on a network (or a subclass) to run its layers one by one in inference too.
-    fast_inference: bool = True
+    @property
+    def fast_inference(self) -> bool:
+        """Whether inference runs the fast form (the default) or the layers one by one: a constructor argument,
+        or set on the network later; either way saved with its config (``save_pretrained``)."""
+        return self._fast_inference
+
+    @fast_inference.setter
+    def fast_inference(self, value: bool) -> None:
+        self._fast_inference = bool(value)
+        config = getattr(self, "_hub_mixin_config", None)  # what save_pretrained writes (HubMixin)
+        if config is not None:  # a network switched off after construction loads switched off
+            config["fast_inference"] = self._fast_inference
 
     def forward(self, x: Tensor) -> Tensor:
         """x: (B, C_in, H, W) in [0, 1] -> (B, C_out, H * upscale, W * upscale).
 
         In inference (eval mode, and no autograd graph to build: under ``torch.no_grad()`` or
-        ``torch.inference_mode()``, or with frozen parameters and an input that needs no gradient) this runs the
-        network's inference graph (:mod:`~nala_gen.sr.archs.inference_graph`: the same function with folded and
-        composed layers, several times faster); otherwise, and while being traced, compiled or exported,
-        :meth:`forward_layers`. Tests hold the two equal to float32 rounding.
+        ``torch.inference_mode()``, or with frozen parameters and an input that needs no gradient) this runs
+        :meth:`inference_form`: the fast form unless ``fast_inference`` is off. Otherwise, and while being traced,
+        compiled or exported, :meth:`forward_layers`. Tests hold the two equal to float32 rounding.
         """
-        if self._runs_inference_graph(x):
-            from .inference_graph import inference_graph  # it imports this module
-
-            return inference_graph(self)(x)
-        return self.forward_layers(x)
+        form = self if self._records_or_traces(x) else self.inference_form()
+        return self.forward_layers(x) if form is self else form(x)
 
     def forward_layers(self, x: Tensor) -> Tensor:
         """The network layer by layer, as trained (autograd, tracing and export run this)."""
@@ -324,14 +315,28 @@ class ESRTLayout(nn.Module):
         shallow = self.head(x)
         return self.tail(self.reduce(self.body(shallow))) + self.skip(shallow)
 
-    def _runs_inference_graph(self, x: Tensor) -> bool:
+    def inference_form(self) -> nn.Module:
+        """What this network runs in inference: its fast form (:class:`~nala_gen.sr.archs.fast.ESRTInferenceGraph`,
+        the same function with folded and composed layers, several times faster), or the network itself while
+        training or with ``fast_inference`` off. The fast form is built on first use and again after the
+        parameters change (moved, reloaded or trained in place), so callers that make an engine per request (the
+        app) pay for it once. For callers that need the module itself (to export it, or to profile its layers);
+        the rest call the network."""
         if self.training or not self.fast_inference:
-            return False
-        # The graph is Python over eager ops and the fused C++ NaLa op: graph capture sees the layers instead.
+            return self
+        state = _parameter_state(self)
+        cached = _FAST_FORMS.get(self)
+        if cached is None or cached[0] != state:
+            cached = _FAST_FORMS[self] = (state, ESRTInferenceGraph(self).eval())
+        return cached[1]
+
+    def _records_or_traces(self, x: Tensor) -> bool:
+        """Whether this pass is traced or records an autograd graph, which only the layers serve."""
+        # The fast form is Python over eager ops and the fused C++ NaLa op: graph capture sees the layers instead.
         if tracing():
-            return False
+            return True
         # Its weights are folded copies: where autograd would record the pass, run the layers that own the weights.
-        return not torch.is_grad_enabled() or not (x.requires_grad or any(p.requires_grad for p in self.parameters()))
+        return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in self.parameters()))
 
 
 class ESRT(ESRTLayout, HubMixin, hub_tags=("super-resolution", "esrt")):
@@ -347,6 +352,7 @@ class ESRT(ESRTLayout, HubMixin, hub_tags=("super-resolution", "esrt")):
         num_heads: EMHA heads (8).
         upscale: 2, 3 or 4.
         num_splits: EMHA token segments (4).
+        fast_inference: run the fast inference form in inference (see :meth:`ESRTLayout.forward`).
     """
 
     def __init__(
@@ -359,6 +365,7 @@ class ESRT(ESRTLayout, HubMixin, hub_tags=("super-resolution", "esrt")):
         num_heads: int = 8,
         upscale: int = 4,
         num_splits: int = 4,
+        fast_inference: bool = True,
     ) -> None:
         super().__init__(
             num_in_ch,
@@ -368,4 +375,5 @@ class ESRT(ESRTLayout, HubMixin, hub_tags=("super-resolution", "esrt")):
             num_et,
             upscale,
             attention=lambda dim: EMHA(dim, num_heads, num_splits),
+            fast_inference=fast_inference,
         )

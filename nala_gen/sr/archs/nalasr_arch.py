@@ -34,7 +34,7 @@ class NaLaTokenAttention(nn.Module):
     """ESRT's token reduction (``dim -> dim // 2``, no bias), then the NaLa block projecting back to ``dim``.
 
     As :class:`~nala_gen.sr.archs.esrt_arch.EMHA`: ``forward = proj(mix(reduce(x)))`` with ``reduce`` and ``proj``
-    Linear layers (the inference graph composes them with the transformer's LayerNorms and fold).
+    Linear layers (the fast inference form composes them with the transformer's LayerNorms and fold).
 
     Args:
         dim: token width (``9 * num_feat``).
@@ -85,6 +85,8 @@ class NaLaSR(ESRTLayout, HubMixin, hub_tags=("super-resolution", "nala")):
         kernel_options: feature-map arguments, e.g. ``{"key_map": "direction"}`` or ``{"angle_scale": "sqrt_d"}``.
         norm_scale: ``nala`` only, our extension: the query power's norm scale gamma (None: the paper's 1; a
             number; ``"learned"`` or ``"tracked"``: one per head, see :class:`~nala_gen.attention.NaLaAttention`).
+        fast_inference: run the fast inference form in inference (see
+            :meth:`~nala_gen.sr.archs.esrt_arch.ESRTLayout.forward`); False runs the layers one by one there too.
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class NaLaSR(ESRTLayout, HubMixin, hub_tags=("super-resolution", "nala")):
         kernel_options: dict | None = None,
         norm_scale: float | str | None = None,
         attn_type: str | None = None,
+        fast_inference: bool = True,
     ) -> None:
         kernel = kernel_from_alias(kernel, attn_type, "attn_type")
         options = {"kernel": kernel, "rope": rope, "lepe": lepe, "gate": gate, "kernel_options": kernel_options}
@@ -115,4 +118,5 @@ class NaLaSR(ESRTLayout, HubMixin, hub_tags=("super-resolution", "nala")):
             num_et,
             upscale,
             attention=lambda dim: NaLaTokenAttention(dim, num_heads, **options),
+            fast_inference=fast_inference,
         )

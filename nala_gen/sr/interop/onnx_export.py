@@ -2,14 +2,14 @@
 
     nala-sr export-onnx nalasr-light-x4 -o nalasr-light-x4.onnx
 
-What is exported is the network's inference graph (:mod:`~nala_gen.sr.archs.inference_graph`: its folded and
-composed layers, as PyTorch runs it in inference; the NaLa op as plain tensor ops, one step over all tokens), not
-its training layers. The export goes through ``torch.onnx.export(dynamo=True)`` (torch.export, then onnxscript), so
-any input size runs; the file is checked with onnxruntime on three sizes (one of odd sides, one of more tokens than
-the attention's eager chunk: a traced loop over chunks would keep the traced size's count) before it is written in
-place. ESRT
-does not export: its split softmax cuts the tokens into N // 4 segments, a loop whose length the exported graph
-fixes at the traced size (it then fails on other sizes), so only NaLaSR is offered.
+What is exported is what the network runs in inference (its ``inference_form()``): for NaLaSR its fast form
+(:mod:`~nala_gen.sr.archs.fast`: its folded and composed layers, as PyTorch runs it; the NaLa op as plain tensor
+ops, one step over all tokens), not its training layers; with ``fast_inference`` off, its layers. The export goes
+through ``torch.onnx.export(dynamo=True)`` (torch.export, then onnxscript), so any input size runs; the file is
+checked with onnxruntime on three sizes (one of odd sides, one of more tokens than the attention's eager chunk: a
+traced loop over chunks would keep the traced size's count) before it is written in place. ESRT does not export:
+its split softmax cuts the tokens into N // 4 segments, a loop whose length the exported graph fixes at the traced
+size (it then fails on other sizes), so only NaLaSR is offered.
 :class:`OnnxSR` wraps an onnxruntime session as a module, so the tiled upscaler (and its benchmark) can drive it
 exactly as it drives the PyTorch network.
 """
@@ -62,11 +62,11 @@ def export_onnx(model: nn.Module, path: str | Path, tolerance: float = 1e-4) -> 
 
     Returns the parity error; raises ValueError, leaving ``path`` untouched, when it exceeds ``tolerance``.
     """
-    from ..archs.inference_graph import inference_graph
-
     path = Path(path)
     model = model.eval()
-    graph = inference_graph(model)  # an ESRT-layout network's inference path; any other network as it is
+    # NaLaSR's fast form is exported as the module it is: traced, the network's own forward runs its layers
+    form = getattr(model, "inference_form", None)
+    graph = model if form is None else form()
     height, width = torch.export.Dim("height", min=8, max=8192), torch.export.Dim("width", min=8, max=8192)
     with torch.no_grad():
         program = torch.onnx.export(

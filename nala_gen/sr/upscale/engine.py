@@ -38,7 +38,6 @@ from tqdm import tqdm
 from nala_gen.devices import cpu_model, cpu_native_bf16, pick_device
 from nala_gen.profiling import PeakMemory, return_large_frees_promptly, reused_large_temporaries
 
-from ..archs.inference_graph import inference_graph
 from . import probe_cache
 from .imageio import has_alpha, write_image_atomic, write_png_rows
 from .resample import RowResizer, resize_rows
@@ -293,7 +292,11 @@ class Upscaler:
         # Channels-last (NHWC) lets oneDNN and cuDNN run the convolutions, which dominate SR, without layout
         # conversions: 15-30 % faster on this CPU at 48-250 px inputs, same output to 2e-6.
         self.network = model.to(self.device, memory_format=torch.channels_last).eval()
-        self.model = inference_graph(self.network)  # what net(x) runs in inference (nala_gen.sr.archs.inference_graph)
+        # NaLaSR and ESRT build their fast inference form on first use: here, where no job's latency or memory
+        # reading counts it
+        build_form = getattr(self.network, "inference_form", None)
+        if build_form is not None:
+            build_form()
         self.size_multiple = size_multiple(self.network)
         self.scale = scale
         self.tile = tile
@@ -486,7 +489,7 @@ class Upscaler:
             x = torch.nn.functional.pad(x, (0, pad_w, 0, pad_h), mode=mode)
         dtype = PRECISIONS[self.precision]
         with torch.autocast(self.device.type, dtype=dtype, enabled=dtype != torch.float32):
-            out = self.model(x)
+            out = self.network(x)  # NaLaSR's and ESRT's own forward picks their fast form here
         if pad_h or pad_w:
             out = out[..., : h * self.scale, : w * self.scale]
         return out.float()

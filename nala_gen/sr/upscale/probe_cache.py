@@ -44,9 +44,10 @@ def cache_path() -> Path | None:
 
 # The modules whose code decides a pass's memory: a changed line in any of them is a new key (the package's
 # version is not bumped for every commit).
-_PASS_SOURCES = ("nala_gen.sr.archs.inference_graph", "nala_gen.sr.archs.esrt_arch", "nala_gen.sr.archs.nalasr_arch",
-                 "nala_gen.attention.modules", "nala_gen.attention.functional", "nala_gen.attention.fused",
-                 "nala_gen.attention.kernels")  # fmt: skip
+_PASS_SOURCES = ("nala_gen.sr.archs.esrt_arch", "nala_gen.sr.archs.esrt_layers", "nala_gen.sr.archs.nalasr_arch",
+                 "nala_gen.sr.archs.fast.graph", "nala_gen.sr.archs.fast.body", "nala_gen.sr.archs.fast.transformer",
+                 "nala_gen.sr.archs.fast.upsampler", "nala_gen.attention.inference", "nala_gen.attention.modules",
+                 "nala_gen.attention.functional", "nala_gen.attention.fused", "nala_gen.attention.kernels")  # fmt: skip
 
 
 def _code_digest() -> str:
