@@ -393,3 +393,19 @@ def test_the_onnx_export_exports_what_the_network_runs_in_inference(monkeypatch,
         onnx_export.export_onnx(net, tmp_path / "net.onnx")
     module = exported.value.args[0]
     assert isinstance(module, ESRTInferenceGraph) if fast else module is net  # traced, net runs its layers
+
+
+def test_the_fast_form_imports_none_of_the_networks_and_its_old_name_still_works():
+    # The network imports its fast form: the form reads only the layers both share (esrt_layers), no arch module.
+    import ast
+    from pathlib import Path
+
+    from nala_gen.sr.archs import fast
+
+    for path in Path(fast.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert not (node.module or "").endswith("_arch"), (path, node.module)
+    net = tiny_nalasr()
+    with pytest.warns(DeprecationWarning, match="inference_form"):
+        assert fast.inference_graph(net) is net.inference_form()
