@@ -323,3 +323,19 @@ def test_block_has_the_released_layout():
     assert attn.qkvg.out_features == 4 * 32 and attn.lepe.kernel_size == (5, 5) and attn.lepe.groups == 32
     assert attn.proj.out_features == 48
     assert attn(torch.randn(1, 12, 32), (3, 4)).shape == (1, 12, 48)
+
+
+def test_neutral_parts_start_as_attention_then_layer_norm_and_still_learn():
+    torch.manual_seed(0)
+    block = NaLaAttention(32, num_heads=4)
+    block.start_parts_neutral()
+    bare = NaLaAttention(32, num_heads=4, lepe=False, gate=False)
+    with torch.no_grad():
+        bare.qkvg.weight.copy_(block.qkvg.weight[: 3 * 32])
+        bare.qkvg.bias.copy_(block.qkvg.bias[: 3 * 32])
+    x = torch.randn(2, 6 * 5, 32)
+    out = block.mix(x, (6, 5))
+    torch.testing.assert_close(out, block.out_norm(bare.mix(x, (6, 5))))  # no local term, the gate passes LN(o)
+    out.square().mean().backward()
+    assert block.lepe.weight.grad.abs().max() > 0  # both parts move from the first step
+    assert block.qkvg.weight.grad[3 * 32 :].abs().max() > 0

@@ -448,35 +448,49 @@ def test_dit_ablation_trains_scores_adopts_and_reports_on_a_tiny_budget(tmp_path
 
     from nala_gen.bench import dit_ablation
 
-    for config in dit_ablation.VARIANTS.values():
+    for config in {v.config for v in dit_ablation.VARIANTS.values()}:
         (tmp_path / config).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / config, tmp_path / config)
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "results"
     tiny = ["--steps", "2", "--per-class", "2", "--sample-steps", "2", "--out", str(out)]
-    assert dit_ablation.main([*tiny, "--seeds", "0", "1", "--variants", "nala", "softmax"]) == 0
+    assert dit_ablation.main([*tiny, "--seeds", "0", "1", "--variants", "preblock", "nala_no_gate"]) == 0
     summary = json.loads((out / "dit_ablation_2st.json").read_text())
-    assert {(r["variant"], r["seed"]) for r in summary["runs"]} == {(v, s) for v in ("nala", "softmax") for s in (0, 1)}
-    softmax = next(e for e in summary["variants"] if e["variant"] == "softmax")
-    assert softmax["change"] == {"kernel": "softmax"} and softmax["seeds"] == [0, 1]
-    assert "accuracy_vs_reference_se" in softmax and "frechet_distance_beyond_two_se" in softmax
+    runs = {(r["variant"], r["seed"]) for r in summary["runs"]}
+    assert runs == {(v, s) for v in ("preblock", "nala_no_gate") for s in (0, 1)}
+    no_gate = next(e for e in summary["variants"] if e["variant"] == "nala_no_gate")
+    # against the pre-block model: the block's other parts on, today's kernel options, neutral start
+    assert no_gate["change"] == {"kernel_options": None, "rope": True, "lepe": True}
+    assert no_gate["seeds"] == [0, 1] and "svc_accuracy_vs_reference_se" in no_gate
+    assert "accuracy_vs_reference_se" in no_gate and "frechet_distance_beyond_two_se" in no_gate
     for run in summary["runs"]:
-        assert 0 <= run["accuracy"] <= 1 and run["frechet_distance"] > 0 and run["quality"]["per_class"] == 2
+        assert 0 <= run["accuracy"] <= 1 and 0 <= run["svc_accuracy"] <= 1 and run["frechet_distance"] > 0
+        assert run["quality"]["per_class"] == 2
         info = tmp_path / "experiments" / dit_ablation.run_name(run["variant"], 2, run["seed"]) / "training_info.json"
         trained = json.loads(info.read_text())
         assert trained["steps"] == 2 and trained["config"]["seed"] == run["seed"]
-        assert trained["config"]["model"]["kernel"] == run["variant"].split("_")[0]
+        assert trained["config"]["model"]["gate"] is False  # the variant's override reached the training
+    # the parts variants at one seed, and the reference the block's first run is read against
+    assert dit_ablation.main([*tiny, "--seeds", "0", "--variants", "nala"]) == 0
 
     # Adoption: a pipeline trained as seed 0 of a variant is scored, not retrained; any other is refused.
-    seed0 = tmp_path / "experiments" / dit_ablation.run_name("nala", 2, 0) / "pipeline"
-    seed1 = tmp_path / "experiments" / dit_ablation.run_name("nala", 2, 1) / "pipeline"
-    ledger = tmp_path / dit_ablation.LEDGER / f"{dit_ablation.run_name('nala', 2, 0)}.json"
+    seed0 = tmp_path / "experiments" / dit_ablation.run_name("nala_no_gate", 2, 0) / "pipeline"
+    seed1 = tmp_path / "experiments" / dit_ablation.run_name("nala_no_gate", 2, 1) / "pipeline"
+    ledger = tmp_path / dit_ablation.LEDGER / f"{dit_ablation.run_name('nala_no_gate', 2, 0)}.json"
     ledger.unlink()
-    assert dit_ablation.main([*tiny, "--seeds", "1", "--variants", "nala", "--adopt", f"nala={seed1}"]) == 1
+    adopt = ["--seeds", "0", "--variants", "nala_no_gate", "--adopt"]
+    assert dit_ablation.main([*tiny, *adopt, f"nala_no_gate={seed1}"]) == 1
     assert not ledger.exists()
-    assert dit_ablation.main([*tiny, "--seeds", "0", "--variants", "nala", "--adopt", f"nala={seed0}"]) == 0
+    assert dit_ablation.main([*tiny, *adopt, f"nala_no_rope={seed0}"]) == 1  # a run of another variant: refused
+    assert dit_ablation.main([*tiny, *adopt, f"nala_no_gate={seed0}"]) == 0
     assert json.loads(ledger.read_text())["adopted_from"] == str(seed0)
-    assert dit_ablation.main([*tiny, "--report-only"]) == 0  # the ledger alone
+
+    # A row scored before the second judge: --rescore adds it from the run's pipeline; the report reads it.
+    row = json.loads(ledger.read_text())
+    del row["svc_accuracy"]
+    ledger.write_text(json.dumps(row))
+    assert dit_ablation.main([*tiny, "--rescore", "--report-only"]) == 0  # the ledger alone, no training
+    assert 0 <= json.loads(ledger.read_text())["svc_accuracy"] <= 1
 
 
 def test_every_network_on_the_board_has_a_published_entry_with_its_source():

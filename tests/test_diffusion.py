@@ -684,3 +684,21 @@ def test_linearize_cross_attention_with_softmax_keeps_the_model_and_nala_changes
         both, only = run(model), run(self_only)
     assert torch.isfinite(both).all()
     assert not torch.allclose(both, only, atol=1e-4)
+
+
+def test_attention_init_neutral_by_default_xavier_as_the_older_pipelines_started():
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    neutral = NaLaDiTTransformer2DModel.from_size("tiny")
+    attn = neutral.blocks[0].attn
+    c = attn.qkvg.in_features
+    assert neutral.config.attention_init == "neutral" and not attn.lepe.weight.any()
+    assert torch.allclose(F.silu(attn.qkvg.bias[3 * c :]), torch.ones(c)) and not attn.qkvg.weight[3 * c :].any()
+    # q, k, v as wide as a gate-free block's: xavier over (3C, C)
+    bound = (6 / (4 * c)) ** 0.5
+    assert attn.qkvg.weight[: 3 * c].abs().max() <= bound and attn.qkvg.weight[: 3 * c].abs().max() > 0.9 * bound
+    xavier = NaLaDiTTransformer2DModel.from_size("tiny", attention_init="xavier")
+    assert xavier.blocks[0].attn.lepe.weight.any() and xavier.blocks[0].attn.qkvg.weight[3 * c :].any()
+    with pytest.raises(ValueError, match="attention_init"):
+        NaLaDiTTransformer2DModel.from_size("tiny", attention_init="zeros")

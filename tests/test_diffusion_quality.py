@@ -34,6 +34,25 @@ def test_evaluate_runs_on_a_pipeline():
     assert result["samples"] == 20 and abs(result["accuracy"] * 20 - round(result["accuracy"] * 20)) < 1e-6  # k of 20
     assert result["accuracy"] < 0.5  # an untrained model draws no digits the classifier recognises
     assert result["classifier_held_out_accuracy"] > 0.9
+    assert result["svc_held_out_accuracy"] > 0.9 and result["svc_accuracy"] < 0.5  # the second judge agrees
+    assert len(result["svc_per_class_accuracy"]) == 10
     assert result["frechet_distance"] > 0  # an untrained model is far from the real digits
     # the row says what attention made the samples, read from the model (here the paper's block, all parts on)
     assert result["attention"] == {"kernel": "nala", "kernel_options": None, "rope": True, "lepe": True, "gate": True}
+
+
+def test_second_judge_reads_the_digits_as_scikit_learn_stores_them_and_knows_them():
+    from sklearn.datasets import load_digits
+
+    from nala_gen.diffusion.data import DigitsDataset
+    from nala_gen.diffusion.quality import to_digit_grid, train_second_judge
+
+    native = DigitsDataset(8, 1)
+    assert np.allclose(to_digit_grid(native.images), load_digits().data)  # 8x8 in [-1, 1] -> 0..16, exactly
+    for size, channels in ((16, 1), (32, 3)):
+        data = DigitsDataset(size, channels)
+        judge, held_out = train_second_judge(data)
+        assert held_out > 0.9  # on the half it never saw, after the samples' own round trip
+        noise = torch.rand(200, channels, size, size) * 2 - 1
+        labels = torch.arange(10).repeat(20).numpy()
+        assert (judge.predict(to_digit_grid(noise)) == labels).mean() < 0.3  # noise is no digit it knows

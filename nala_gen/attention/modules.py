@@ -27,6 +27,8 @@ from .rope import rope_2d
 TRACKED_NORM_RATIO = 2.0
 # Weight of each training batch's median in the running average (a half-life of about 14 batches).
 TRACKED_NORM_MOMENTUM = 0.05
+# SiLU(b) = 1 at this b (b * sigmoid(b) = 1): a gate whose projection is zero but for this bias passes LN(o) as is.
+GATE_OPEN_BIAS = 1.2784645427610738
 
 Tensor = torch.Tensor
 Grid = tuple[int, int]
@@ -191,6 +193,23 @@ class NaLaAttention(nn.Module):
         self.lepe = nn.Conv2d(dim, dim, lepe_kernel, padding=lepe_kernel // 2, groups=dim) if lepe else None
         self.out_norm = nn.LayerNorm(dim) if gate else None
         self.proj = nn.Linear(dim, out_dim or dim)
+
+    def start_parts_neutral(self) -> None:
+        """Start the block's learned parts as if they were not there, the usual way to add parts to a network that
+        trains well without them: LePE's weights and bias zero (it adds nothing until trained) and the gate open
+        (g's projection rows zero, their bias :data:`GATE_OPEN_BIAS`, so ``SiLU(g) = 1`` for every token). Each
+        part still gets gradients from the first step (LePE's through v, the gate's through ``LN(o)``). RoPE has
+        no parameters; q, k, v and the output projection are left as they are. Without a q/k/v/g bias the gate's
+        rows are left as initialised (a zero projection would close it)."""
+        dim = self.qkvg.in_features
+        with torch.no_grad():
+            if self.lepe is not None:
+                self.lepe.weight.zero_()
+                if self.lepe.bias is not None:
+                    self.lepe.bias.zero_()
+            if self.out_norm is not None and self.qkvg.bias is not None:
+                self.qkvg.weight[3 * dim :].zero_()
+                self.qkvg.bias[3 * dim :].fill_(GATE_OPEN_BIAS)
 
     def _rope_dim(self, kernel: str, head_dim: int, options: dict) -> int | None:
         """Size of the features ``kernel`` rotates (None: no RoPE): linear kernels rotate their features (2d wide

@@ -62,7 +62,8 @@ def seed_statistics(
     rows: list[dict], metrics: tuple[str, ...], reference: str, order: list[str], keys=("network_g",)
 ) -> list[dict]:
     """Per variant (``row["variant"]``): its seeds, and the mean and sample standard deviation of each metric
-    (None for one seed: no spread is made up); against ``reference``, for each metric the difference of means
+    over the rows that have it (``<metric>_n`` of them; None for one: no spread is made up); against
+    ``reference``, for each metric the difference of means
     (``<metric>_vs_reference``) with its standard error (``_se``) and whether it exceeds two of them
     (``<metric>_beyond_two_se``). Sorted as ``order`` lists the variants; ``keys`` are copied from a variant's
     first row."""
@@ -74,16 +75,17 @@ def seed_statistics(
         entry = {"variant": variant, **{k: runs[0].get(k) for k in keys}}
         entry["seeds"] = sorted(r.get("seed", 0) for r in runs)
         for metric in metrics:
-            values = [r[metric] for r in runs]
-            entry[metric] = statistics.fmean(values)
+            values = [r[metric] for r in runs if r.get(metric) is not None]  # rows scored before a metric existed
+            entry[metric] = statistics.fmean(values) if values else None
             entry[f"{metric}_std"] = statistics.stdev(values) if len(values) > 1 else None
+            entry[f"{metric}_n"] = len(values)
         stats[variant] = entry
     ref = stats.get(reference)
     for entry in stats.values():
         for metric in metrics:
             if ref is None or entry is ref or entry[f"{metric}_std"] is None or ref[f"{metric}_std"] is None:
                 continue
-            n, n_ref = len(entry["seeds"]), len(ref["seeds"])
+            n, n_ref = entry[f"{metric}_n"], ref[f"{metric}_n"]
             se = math.sqrt(entry[f"{metric}_std"] ** 2 / n + ref[f"{metric}_std"] ** 2 / n_ref)
             difference = entry[metric] - ref[metric]
             entry[f"{metric}_vs_reference"] = difference

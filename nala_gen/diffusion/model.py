@@ -55,6 +55,7 @@ def _modulate(x: Tensor, shift: Tensor, scale: Tensor) -> Tensor:
 
 
 PREDICTION_TYPES = ("epsilon", "v_prediction", "flow", None)  # what a model outputs (None: not recorded)
+ATTENTION_INITS = ("neutral", "xavier")  # see NaLaDiTTransformer2DModel's attention_init
 
 
 class NaLaDiTAttention(NaLaAttention):
@@ -135,6 +136,13 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin, AttentionMixin):
         interpolate_pos_embed: at a grid other than the training one, scale positions so that the longer side
             spans the training grid (PixArt-style); False keeps one position per patch (extrapolation).
         norm_eps: epsilon of the (affine-free) LayerNorms.
+        attention_init: how a freshly built model starts its attention blocks (a loaded model has its trained
+            weights whatever this says). ``"neutral"``: q/k/v rows xavier-initialised as the fused q/k/v of a
+            block without a gate (DiT's), LePE zero and the gate open
+            (:meth:`~nala_gen.attention.NaLaAttention.start_parts_neutral`), so the block starts as attention
+            followed by a LayerNorm. ``"xavier"``: xavier over the whole fused q/k/v/g weight and PyTorch's default
+            for LePE, the initialisation of pipelines trained before this field (a random local term and a
+            half-closed random gate from the first step).
         prediction_type: what the model was trained to output: ``"epsilon"`` (DiT), ``"v_prediction"``,
             ``"flow"`` (SiT: the velocity ``noise - data``), or None (not recorded: the scheduler decides, as
             before this field existed). ``nala-gen train`` records it; the pipeline checks its scheduler against it.
@@ -168,6 +176,7 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin, AttentionMixin):
         interpolate_pos_embed: bool = False,
         norm_eps: float = 1e-6,
         prediction_type: str | None = None,
+        attention_init: str = "neutral",
         attention_kernel: str | None = None,
         attention_kernel_options: dict | None = None,
         attention_type: str | None = None,
@@ -189,6 +198,8 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin, AttentionMixin):
         self._internal_dict = FrozenDict({**config, **current})
         if prediction_type not in PREDICTION_TYPES:
             raise ValueError(f"prediction_type must be one of {PREDICTION_TYPES}, got {prediction_type!r}")
+        if attention_init not in ATTENTION_INITS:
+            raise ValueError(f"attention_init must be one of {ATTENTION_INITS}, got {attention_init!r}")
         if hidden_size % num_attention_heads:
             raise ValueError(f"hidden_size {hidden_size} is not divisible by num_attention_heads {num_attention_heads}")
         self.out_channels = 2 * in_channels if learn_sigma else in_channels
@@ -231,12 +242,20 @@ class NaLaDiTTransformer2DModel(ModelMixin, ConfigMixin, AttentionMixin):
         super().set_attn_processor(processor)
 
     def _init_weights(self) -> None:
-        """DiT's initialisation: xavier linears, N(0, 0.02) embeddings, zero adaLN modulation and output."""
+        """DiT's initialisation: xavier linears, N(0, 0.02) embeddings, zero adaLN modulation and output; the
+        attention blocks' parts as ``attention_init`` says."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
+        if self.config.attention_init == "neutral":
+            for block in self.blocks:
+                attn = block.attn
+                # q, k, v drawn as DiT draws its fused (3C, C) q/k/v weight: a g row block would widen xavier's
+                # fan-out and shrink them.
+                nn.init.xavier_uniform_(attn.qkvg.weight[: 3 * attn.qkvg.in_features])
+                attn.start_parts_neutral()
         # The patch conv is a linear map of flattened patches.
         nn.init.xavier_uniform_(self.x_embedder.weight.view(self.x_embedder.weight.shape[0], -1))
         nn.init.zeros_(self.x_embedder.bias)

@@ -6,6 +6,12 @@
   they were asked for.
 * Fréchet distance between the classifier's penultimate features of the samples and of all real digits (the FID
   recipe with this classifier in place of Inception; lower is better, the real held-out digits give the floor).
+* A second judge, independent of the first, so that a generator is not tuned to one classifier: scikit-learn's
+  RBF support-vector classifier on the original 8x8 digits (the library's own digits example: ``gamma=0.001``,
+  trained on the first half of the digits in their stored order), reading the samples area-averaged back to 8x8
+  and 17 gray levels. Another model family, another input, another split, no gradient descent; its held-out
+  accuracy is taken on the second half after the same round trip the samples make (upsampled as the generator
+  saw them, then averaged back).
 
     nala-gen quality -m naladit-digits [--per-class 100] [--steps 50] [--cfg 2] [--json benchmarks/results/...]
 """
@@ -75,6 +81,32 @@ def train_classifier(
     return model, accuracy, test_idx
 
 
+SVC_GAMMA = 0.001  # scikit-learn's digits example
+
+
+def to_digit_grid(images: torch.Tensor) -> np.ndarray:
+    """(B, C, S, S) in [-1, 1] -> (B, 64) on scikit-learn's 8x8 digit grid, gray levels 0..16 (area average over
+    pixels and channels)."""
+    gray = images.float().mean(1, keepdim=True)
+    grid = F.adaptive_avg_pool2d(gray, 8) if gray.shape[-1] != 8 else gray
+    return ((grid.clamp(-1, 1) + 1) * 8).flatten(1).numpy()
+
+
+def train_second_judge(data: DigitsDataset) -> tuple[object, float]:
+    """The SVC judge trained on the first half of the digits (8x8, as stored); returns it and its accuracy on the
+    second half read from ``data``'s images (at the generator's size) through :func:`to_digit_grid`."""
+    from sklearn.datasets import load_digits
+    from sklearn.svm import SVC
+
+    digits = load_digits()
+    half = len(digits.images) // 2
+    judge = SVC(gamma=SVC_GAMMA).fit(digits.data[:half], digits.target[:half])
+    held_out = torch.arange(half, len(digits.images))
+    images, labels = data.batch(held_out)
+    accuracy = float((judge.predict(to_digit_grid(images)) == labels.numpy()).mean())
+    return judge, accuracy
+
+
 def frechet_distance(a: np.ndarray, b: np.ndarray) -> float:
     """Fréchet distance between Gaussians fitted to feature sets a (N, D) and b (M, D)."""
     from scipy import linalg
@@ -113,6 +145,8 @@ def evaluate(
         _, real_features = classifier(real.images)
     held_out_features = real_features[held_out_idx]
     accuracy = (logits.argmax(1) == labels).float().mean().item()
+    second_judge, second_held_out = train_second_judge(real)
+    second = torch.from_numpy(second_judge.predict(to_digit_grid(samples)))
     return {
         "classifier_held_out_accuracy": held_out,
         "samples": len(labels),
@@ -120,6 +154,9 @@ def evaluate(
         "guidance_scale": cfg,
         "accuracy": accuracy,
         "per_class_accuracy": [(logits.argmax(1)[labels == c] == c).float().mean().item() for c in range(10)],
+        "svc_held_out_accuracy": second_held_out,
+        "svc_accuracy": (second == labels).float().mean().item(),
+        "svc_per_class_accuracy": [(second[labels == c] == c).float().mean().item() for c in range(10)],
         "frechet_distance": frechet_distance(sample_features.numpy(), real_features.numpy()),
         # The same distance for real digits the classifier never trained on: what a perfect generator would get
         # with this many images (the estimate is biased upwards for small sets).
