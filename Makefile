@@ -10,15 +10,15 @@ TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
 install: $(STAMP)
 
-$(STAMP): setup.cfg setup.py pyproject.toml Makefile nala_gen/attention/csrc/nala_fused.cpp nala_gen/attention/csrc/nala_tiles.inc nala_gen/attention/csrc/nala_soa.inc nala_gen/sr/csrc/winograd.cpp
+$(STAMP): setup.cfg setup.py pyproject.toml Makefile $(wildcard nala_gen/ops/csrc/*)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q $(TORCH_PINS) setuptools wheel numpy ninja
 	# basicsr 1.4.2's setup.py imports torch: build it against the torch above, not in isolation.
 	$(BIN)/pip install -q --no-build-isolation basicsr==1.4.2
 	# Not isolated either: the fused NaLa op (C++, about a minute to compile) builds against that torch.
 	$(BIN)/pip install -q --no-build-isolation -e '.[sr,diffusion,plot,app,video,test,docs]'
-	$(BIN)/python -c "from nala_gen.attention import fused; print('nala_gen: fused NaLa op:', fused.instruction_set() or fused.unavailable_reason())"
-	$(BIN)/python -c "from nala_gen.sr.archs import winograd as w; print('nala_gen: Winograd convolution:', w.unavailable_reason() or 'avx512')"
+	$(BIN)/python -c "from nala_gen.ops import nala_fused as f; print('nala_gen: fused NaLa op:', f.instruction_set() or f.unavailable_reason())"
+	$(BIN)/python -c "from nala_gen.ops import winograd as w; print('nala_gen: Winograd convolution:', w.unavailable_reason() or 'avx512')"
 	touch $@
 
 demo: $(STAMP)
@@ -140,4 +140,4 @@ weights-diffusion: $(STAMP)
 		$(BIN)/nala-gen export experiments/$$cfg --name $$name --out weights || exit 1; done
 
 clean:
-	rm -rf $(VENV) outputs site .pytest_cache .ruff_cache *.egg-info build nala_gen/attention/_nala_fused*.so
+	rm -rf $(VENV) outputs site .pytest_cache .ruff_cache *.egg-info build nala_gen/ops/_*.so nala_gen/attention/_nala_fused*.so nala_gen/sr/_winograd*.so

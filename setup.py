@@ -1,10 +1,12 @@
 """Build the package's two CPU ops with it; metadata lives in setup.cfg.
 
-* the fused NaLa op (``nala_gen.attention._nala_fused``), the attention;
-* the Winograd 3x3 convolution (``nala_gen.sr._winograd``) of the SR networks' inference graph.
+* the fused NaLa op (``nala_gen.ops._nala_fused``), the attention;
+* the Winograd 3x3 and 1x1 convolutions (``nala_gen.ops._winograd``) of the SR networks' inference graph.
+
+Their sources are ``nala_gen/ops/csrc/``.
 
 Both are optional: without PyTorch at build time (an isolated build) or without a working C++ compiler the
-package installs as pure Python, ``linear_attention`` uses its PyTorch path (``nala_gen.attention.fused`` says
+package installs as pure Python, ``linear_attention`` uses its PyTorch path (``nala_gen.ops.nala_fused`` says
 why) and the graph PyTorch's convolutions. Build against the torch you run: ``pip install --no-build-isolation -e .``
 (the Makefile does).
 """
@@ -51,16 +53,12 @@ else:
     }
     ext_modules = [
         CppExtension(
-            "nala_gen.attention._nala_fused",
-            ["nala_gen/attention/csrc/nala_fused.cpp"],
-            depends=[
-                "nala_gen/attention/csrc/nala_tiles.inc",
-                "nala_gen/attention/csrc/nala_soa.inc",
-                "nala_gen/attention/csrc/output_blocks.h",
-            ],
+            "nala_gen.ops._nala_fused",
+            ["nala_gen/ops/csrc/nala_fused.cpp"],
+            depends=["nala_gen/ops/csrc/nala_tiles.inc", "nala_gen/ops/csrc/nala_soa.inc"],
             **flags,
         ),
-        CppExtension("nala_gen.sr._winograd", ["nala_gen/sr/csrc/winograd.cpp"], **flags),
+        CppExtension("nala_gen.ops._winograd", ["nala_gen/ops/csrc/winograd.cpp"], **flags),
     ]
     cmdclass = {"build_ext": OptionalBuildExtension}
 

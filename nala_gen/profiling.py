@@ -16,7 +16,6 @@ import ctypes
 import ctypes.util
 import re
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -56,13 +55,8 @@ _LIBC = _load_libc()
 
 
 def release_free_memory() -> None:
-    """Hand freed memory back to the OS: glibc's free heap (``malloc_trim``) and the blocks the fused NaLa op keeps
-    for its next outputs (:func:`nala_gen.attention.fused.release_output_blocks`, when that module is loaded), so
-    the next measurement starts from what is really in use; otherwise memory freed by an earlier call is reused
-    without showing in the RSS."""
-    fused = sys.modules.get("nala_gen.attention.fused")  # not imported for this: nothing to release without it
-    if fused is not None:
-        fused.release_output_blocks()
+    """Hand glibc's free heap back to the OS (``malloc_trim``), so the next measurement starts from what is really in
+    use; otherwise memory freed by an earlier call is reused without showing in the RSS."""
     if _LIBC is not None and hasattr(_LIBC, "malloc_trim"):
         _LIBC.malloc_trim(0)
 

@@ -3,17 +3,16 @@
     python scripts/op_ab.py HEAD~2 HEAD [--shapes 71680x4x32 62500x8x18] [--rounds 11]
     python scripts/op_ab.py --so a.so b.so
 
-Each revision's ``nala_gen/attention/csrc`` is built as setup.py builds it (cached under ``build/op_ab/<commit>``;
-a minute or so each), every build is loaded into this process under a name of its own, and the builds take turns
-round by round: per round and build, the median of 5 calls of ``linear_attention(q, k, v, out=...)`` (``into``)
-and of ``linear_attention(q, k, v)`` (``op``, a new output each call) under ``torch.inference_mode()``, random
-inputs, batch 1, float32. Printed per shape: each build's median over rounds and the median of its per-round ratios
-to the first build. Why one process: the VM's speed drifts by 10-15 % within minutes, more than the changes
-compared here, and alternating fresh processes needs many more rounds to see a few per cent. (A candidate must be
-loaded before anything imports the op: a harness that swaps it in afterwards times the installed build twice.)
-Nothing is written; a developer's diagnostic for the op's speed (docs/kernel.md quotes its ratios). Run it with
-nothing else on the CPU.
-"""
+Each revision's ``nala_gen/ops/csrc`` (``nala_gen/attention/csrc`` before the kernels moved) is built as setup.py builds
+it (cached under ``build/op_ab/<commit>``; a minute or so each), every build is loaded into this process under a name of
+its own, and the builds take turns round by round: per round and build, the median of 5 calls of ``linear_attention(q,
+k, v, out=...)`` (``into``) and of ``linear_attention(q, k, v)`` (``op``, a new output each call) under
+``torch.inference_mode()``, random inputs, batch 1, float32. Printed per shape: each build's median over rounds and the
+median of its per-round ratios to the first build. Why one process: the VM's speed drifts by 10-15 % within minutes,
+more than the changes compared here, and alternating fresh processes needs many more rounds to see a few per cent. (A
+candidate must be loaded before anything imports the op: a harness that swaps it in afterwards times the installed build
+twice.) Nothing is written; a developer's diagnostic for the op's speed (docs/kernel.md quotes its ratios). Run it with
+nothing else on the CPU."""
 
 from __future__ import annotations
 
@@ -30,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = "nala_gen/attention/csrc"
+SOURCES = ("nala_gen/ops/csrc", "nala_gen/attention/csrc")  # where the op's sources are, then where they were
 CALLS = 5
 
 
@@ -44,9 +43,13 @@ def build(revision: str) -> Path:
     module = out_dir / "_nala_fused.so"
     if module.exists():
         return module
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", revision, *SOURCES], cwd=ROOT, capture_output=True, text=True
+    )
+    sources = listed.stdout.split()[0]
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "csrc.tar"
-        subprocess.run(["git", "archive", "-o", str(archive), revision, SOURCES], cwd=ROOT, check=True)
+        subprocess.run(["git", "archive", "-o", str(archive), revision, sources], cwd=ROOT, check=True)
         with tarfile.open(archive) as tar:
             tar.extractall(tmp, filter="data")
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -55,7 +58,7 @@ def build(revision: str) -> Path:
         cmd = [
             "g++", "-shared", "-fPIC", "-std=c++20", "-O3", "-g0", "-fopenmp", "-fno-math-errno",
             "-fno-trapping-math", "-Wno-psabi", "-DTORCH_EXTENSION_NAME=_nala_fused", *includes,
-            str(Path(tmp) / SOURCES / "nala_fused.cpp"), "-o", str(module) + ".tmp", *libraries,
+            str(Path(tmp) / sources / "nala_fused.cpp"), "-o", str(module) + ".tmp", *libraries,
             "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python",
         ]  # fmt: skip
         print(f"building {revision} ...", file=sys.stderr)
@@ -79,7 +82,8 @@ def compare(labels: list[str], modules: list, shape: str, rounds: int) -> list[s
     """Alternated rounds of every module at one shape; one printed line per module."""
     import torch
 
-    from nala_gen.attention import fused, linear_attention
+    from nala_gen.attention import linear_attention
+    from nala_gen.ops import nala_fused
 
     tokens, heads, head_dim = map(int, shape.split("x"))
     torch.manual_seed(0)
@@ -87,16 +91,16 @@ def compare(labels: list[str], modules: list, shape: str, rounds: int) -> list[s
     out = torch.empty(1, heads, tokens, head_dim)
     calls = {"into": lambda: linear_attention(q, k, v, out=out), "op": lambda: linear_attention(q, k, v)}
     times = {label: {kind: [] for kind in calls} for label in labels}
-    installed = fused._op
+    installed = nala_fused._op
     try:
         with torch.inference_mode():
             for module in modules:  # one warm-up call of each kind per build
-                fused._op = module
+                nala_fused._op = module
                 for call in calls.values():
                     call()
             for _ in range(rounds):
                 for label, module in zip(labels, modules):
-                    fused._op = module
+                    nala_fused._op = module
                     for kind, call in calls.items():
                         runs = []
                         for _ in range(CALLS):
@@ -105,7 +109,7 @@ def compare(labels: list[str], modules: list, shape: str, rounds: int) -> list[s
                             runs.append(time.perf_counter() - start)
                         times[label][kind].append(statistics.median(runs) * 1e3)
     finally:
-        fused._op = installed
+        nala_fused._op = installed
     lines = []
     for label in labels:
         parts = [f"{shape}  {label:>14}"]

@@ -18,6 +18,7 @@ from nala_gen.attention import (
     reference_attention,
     rope_2d,
 )
+from nala_gen.ops import RuntimeOptions
 
 LINEAR = [k for k in kernel_names() if k != "softmax"]
 
@@ -170,12 +171,13 @@ def test_attention_entropy_of_uniform_weights():
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs a C++ compiler")
-def test_compiled_feature_map_matches_eager(monkeypatch):
-    monkeypatch.setenv("NALA_GEN_FUSED", "0")  # on a CPU the C++ op would answer both calls
+def test_compiled_feature_map_matches_eager():
+    off = RuntimeOptions(fused=False)  # on a CPU the C++ op would answer both calls
     q, k, v = qkv(b=1, h=2, n=50, d=16)
     q[0, 0, 3] = 0  # the zero query takes the eager code's slow path; the fused one has no branch
-    eager = linear_attention(q, k, v, "nala", chunk_size=32)
-    fused = linear_attention(q, k, v, "nala", chunk_size=32, compile=True)  # chunks of 32 and 18 tokens
+    eager = linear_attention(q, k, v, "nala", chunk_size=32, runtime=off)
+    # chunks of 32 and 18 tokens
+    fused = linear_attention(q, k, v, "nala", chunk_size=32, compile=True, runtime=off)
     torch.testing.assert_close(fused, eager, atol=1e-5, rtol=1e-5)
 
 
@@ -247,7 +249,6 @@ def test_gradcheck(kernel):
 def test_no_quadratic_tensor_is_built(monkeypatch):
     # Every tensor the PyTorch path allocates must be O(N * d): record the largest one. (The fused op holds
     # tiles of 64 tokens; `nala-bench attention` measures its peak memory.)
-    monkeypatch.setenv("NALA_GEN_FUSED", "0")
     q, k, v = qkv(b=1, h=1, n=2048, d=16, dv=16)
     sizes = []
     original = torch.Tensor.__matmul__
@@ -258,7 +259,7 @@ def test_no_quadratic_tensor_is_built(monkeypatch):
         return out
 
     monkeypatch.setattr(torch.Tensor, "__matmul__", spy)
-    linear_attention(q, k, v, kernel="nala", chunk_size=512)
+    linear_attention(q, k, v, kernel="nala", chunk_size=512, runtime=RuntimeOptions(fused=False))
     assert sizes and max(sizes) <= 2048 * 32
 
 

@@ -312,7 +312,7 @@ def test_peers_profile_names_the_operators_and_layers_that_take_the_time(tmp_pat
     assert layers["body.transformer"]["ms"] < layers["body"]["ms"]  # a layer's time includes its children's
     # the graph's convolutions by shape, its fold (a 3x3 convolution of the attention's 144-wide output) and the
     # ARFBs' 1x1s among them, by the project's kernels where the CPU runs them
-    from nala_gen.sr.archs import winograd
+    from nala_gen.ops import winograd
 
     kernels = winograd.unavailable_reason() is None
     kinds = {(r["kind"], r["in_channels"], r["out_channels"]) for r in result["convolutions"]}
@@ -351,7 +351,7 @@ def test_profile_counts_winograd_convolutions_at_the_direct_convolutions_flops()
     import torch
 
     from nala_gen.bench.sr_profile import _convolution_times
-    from nala_gen.sr.archs import winograd
+    from nala_gen.ops import winograd
 
     if winograd.unavailable_reason():
         pytest.skip(winograd.unavailable_reason())
@@ -372,7 +372,7 @@ def test_winograd_benchmark_writes_shapes_and_networks(tmp_path):
     import pytest
 
     from nala_gen.bench import winograd_speed
-    from nala_gen.sr.archs import winograd
+    from nala_gen.ops import winograd
 
     if winograd.unavailable_reason():
         pytest.skip(winograd.unavailable_reason())

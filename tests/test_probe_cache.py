@@ -11,6 +11,7 @@ import torch
 from PIL import Image
 
 from nala_gen.bench.upscale_memory import stand_in_network
+from nala_gen.ops import using
 from nala_gen.sr.archs.nalasr_arch import NaLaSR
 from nala_gen.sr.upscale import engine as upscaler
 from nala_gen.sr.upscale import probe_cache
@@ -131,15 +132,40 @@ def test_probes_taken_after_a_job_are_not_kept_for_other_processes(cache):
     assert len(json.loads(cache.read_text())) == 1
 
 
-def test_the_key_holds_whether_the_fused_op_runs(monkeypatch):
-    from nala_gen.attention import fused
-
+@pytest.mark.parametrize(
+    "change",
+    [{"fused": False}, {"fused_isa": "avx2"}, {"fused_isa": "baseline"}, {"winograd": False}, {"compile": True}],
+)
+def test_toggling_a_runtime_option_changes_the_key(change):
+    """The probes of one kernel configuration are never read for another (NALA_GEN_* set differently, or
+    ``using``): the options value is part of the key, whether or not this build can run the kernel it names."""
     net = tiny_nalasr()
     before = key_of(net)
-    if fused.available():  # the eager path's memory is another network's
-        monkeypatch.setenv("NALA_GEN_FUSED", "0")
-        assert key_of(net) != before
-        monkeypatch.delenv("NALA_GEN_FUSED")
+    with using(**change):
+        assert key_of(net) != before, change
     assert key_of(net) == before
+
+
+def test_editing_a_kernel_source_changes_the_key(tmp_path):
+    """Every source file under the kernels', the attention's and the networks' packages is hashed (a C++ file or a
+    new module as much as a listed one)."""
+    from pathlib import Path
+
+    import nala_gen.ops
+
+    ops = tmp_path / "ops"
+    for path in Path(nala_gen.ops.__file__).parent.rglob("*"):
+        if path.is_file() and path.suffix in (".py", ".cpp", ".inc", ".h"):
+            target = ops / path.relative_to(Path(nala_gen.ops.__file__).parent)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(path.read_bytes())
+    before = probe_cache.source_digest([ops])
+    assert probe_cache.source_digest([ops]) == before
+    kernel = ops / "csrc" / "winograd.cpp"
+    kernel.write_text(kernel.read_text() + "\n// an edit\n")
+    assert probe_cache.source_digest([ops]) != before
+    edited = probe_cache.source_digest([ops])
+    (ops / "new_kernel.py").write_text("")
+    assert probe_cache.source_digest([ops]) != edited
     source = probe_cache._code_digest()
     assert len(source) == 64 and source == probe_cache._code_digest()

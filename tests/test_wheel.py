@@ -69,11 +69,11 @@ def test_the_wheel_carries_the_weights_and_no_top_level_apps(wheel_env):
 
 def test_the_wheel_carries_the_cpu_ops_and_they_load(wheel_env):
     names = zipfile.ZipFile(wheel_env["wheel"]).namelist()
-    for op in ("nala_gen/attention/_nala_fused", "nala_gen/sr/_winograd"):
+    for op in ("nala_gen/ops/_nala_fused", "nala_gen/ops/_winograd"):
         assert any(n.startswith(op) and n.endswith(".so") for n in names), names
     code = (
-        "from nala_gen.attention import fused; from nala_gen.sr.archs import winograd; "
-        "print(fused._op.__file__, winograd._op.__file__, fused.instruction_set())"
+        "from nala_gen.ops import nala_fused, winograd; "
+        "print(nala_fused._op.__file__, winograd._op.__file__, nala_fused.instruction_set())"
     )
     proc = run(wheel_env, wheel_env["bin"] / "python", "-c", code)
     assert proc.returncode == 0, proc.stderr

@@ -4,7 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nala_gen.sr.archs import winograd
+from nala_gen.ops import RuntimeOptions, using, winograd
+from nala_gen.ops.options import from_environ
 
 needs_kernels = pytest.mark.skipif(winograd.unavailable_reason() is not None, reason=str(winograd.unavailable_reason()))
 
@@ -82,11 +83,13 @@ def test_falls_back_to_pytorch_where_the_kernels_do_not_apply():
 
 
 @needs_kernels
-def test_switched_off_by_the_environment(monkeypatch):
+def test_switched_off_by_the_options():
     x, weight = torch.randn(1, 32, 4, 4), torch.randn(32, 32, 3, 3)
     assert winograd.applies(x, weight)
-    monkeypatch.setenv("NALA_GEN_WINOGRAD", "0")
-    assert not winograd.applies(x, weight)
+    assert not winograd.applies(x, weight, RuntimeOptions(winograd=False))
+    with using(winograd=False):
+        assert not winograd.applies(x, weight) and not winograd.applies_1x1(x, torch.randn(32, 32, 1, 1))
+    assert not winograd.applies(x, weight, from_environ({"NALA_GEN_WINOGRAD": "0"}))
 
 
 @needs_kernels

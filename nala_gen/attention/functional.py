@@ -12,13 +12,14 @@ diagnostics read the weights from :func:`attention_weights`.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from nala_gen.ops import RuntimeOptions, runtime_options, tracing
 
 from . import fused
 from .kernels import SOFTMAX_KERNELS, compiled_feature_map, safe_keys, upcast
@@ -122,6 +123,7 @@ def linear_attention(
     compile: bool | None = None,
     out: Tensor | None = None,
     add: Tensor | None = None,
+    runtime: RuntimeOptions | None = None,
     **kernel_options,
 ) -> Tensor:
     """Non-causal kernelised attention in O(N) time and memory.
@@ -138,13 +140,14 @@ def linear_attention(
             measures how far on random inputs).
         chunk_size: tokens processed at a time.
         compile: fuse the feature map with ``torch.compile`` (see :func:`~nala_gen.attention.kernels.
-            compiled_feature_map`); None follows the environment variable ``NALA_GEN_COMPILE=1``. Where the fused
+            compiled_feature_map`); None follows ``runtime``'s ``compile`` (``NALA_GEN_COMPILE=1``). Where the fused
             C++ op applies (``nala`` on a CPU, see :mod:`~nala_gen.attention.fused`) that op runs instead.
         out: optional (B, heads, N_q, dv) tensor the result is written into (and returned), as torch's ``out=``
             (no autograd through it); any strides with a contiguous last dimension, such as a head group's
             channels of a (B, N, C) map. Where the fused op applies it writes there directly.
         add: optional tensor of the result's shape added to it (LePE's output, say): in the same pass as the
             write when the fused op writes into ``out``. Neither may overlap q, k or v, nor each other.
+        runtime: which CPU kernels may run (:class:`~nala_gen.ops.RuntimeOptions`); the options in force by default.
         **kernel_options: forwarded to the feature map (e.g. ``lam``, ``tau`` for ``nala``).
 
     Returns:
@@ -155,13 +158,14 @@ def linear_attention(
     if kernel in SOFTMAX_KERNELS:
         return _written(softmax_attention(q, k, v, rope), out, add)
     _check(q, k, v)
+    runtime = runtime_options() if runtime is None else runtime
     if compile is None:
-        compile = os.environ.get("NALA_GEN_COMPILE", "0").lower() in ("1", "true", "yes")
+        compile = runtime.compile
     spec = kernel_spec(kernel)
     eps_total = spec.denominator_eps * k.shape[-2]
     # The fused op beats the compiled map on a CPU too, so it runs whenever it can; compile= only shapes the rest.
     # It checks the keys for overflow itself (see fused.nala_attention).
-    if kernel == "nala" and fused.eligible(q, k, v, kernel_options):
+    if kernel == "nala" and fused.eligible(q, k, v, kernel_options, runtime):
         if out is not None and fused.writes_into(out, add, q, k, v):
             return fused.nala_attention(q, k, v, rope, eps_total, out=out, add=add, **kernel_options)
         return _written(fused.nala_attention(q, k, v, rope, eps_total, **kernel_options), out, add)
@@ -169,7 +173,7 @@ def linear_attention(
     phi = compiled_feature_map(kernel) if compile else spec.features
     # Traced (an ONNX export, say), the loops below would keep the traced size's trip count and drop every token
     # past it at other sizes: one step over all tokens there.
-    whole = fused.tracing()
+    whole = tracing()
     kv, k_sum = None, None
     for start, stop in _chunks(k.shape[-2], chunk_size, whole):
         phi_k = phi(k[..., start:stop, :], False, **kernel_options)

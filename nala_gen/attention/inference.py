@@ -23,9 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nala_gen.ops import tracing
+
 from . import fused
 from .functional import linear_attention
-from .fused import tracing
 from .kernels import RAW_KEY_LIMIT, resolve_key_map
 from .kernels import kernel as kernel_spec
 from .modules import NaLaAttention, map_to_tokens, tokens_to_map
@@ -89,7 +90,7 @@ def pointwise(t: Tensor, hw: Grid, weight: Tensor, bias: Tensor | None = None, c
     channels-last map -> (B, N, out). Why: oneDNN's convolution ran these shapes (tens of thousands of tokens, 100
     to 400 wide) about twice as fast as the Linear's GEMM on this project's CPUs, and without its bias copy. A
     caller with a faster 1x1 kernel for its shapes passes it as ``conv1x1`` (NaLaSR's graph: the project's own,
-    :func:`~nala_gen.sr.archs.winograd.conv1x1`)."""
+    :func:`~nala_gen.ops.winograd.conv1x1`)."""
     b, n, _ = t.shape
     return conv1x1(tokens_to_map(t, hw), weight, bias).permute(0, 2, 3, 1).reshape(b, n, -1)
 

@@ -8,7 +8,7 @@ untimed warm-up:
 * per layer: wall time of each module up to ``depth`` levels below the network (forward pre/post hooks, children
   included), the mean over the same forwards;
 * per convolution shape: wall time, calls and FLOPs of every ``conv2d``, ``conv_transpose2d`` and Winograd
-  (:mod:`~nala_gen.sr.archs.winograd`) call, grouped by kind, channels, kernel and groups, so each shape's
+  (:mod:`~nala_gen.ops.winograd`) call, grouped by kind, channels, kernel and groups, so each shape's
   arithmetic rate (GFLOP/s) shows: whether a network is slow for its FLOPs because of its convolutions' shapes or
   because of what runs between them. A Winograd call counts the FLOPs of the direct convolution it computes, so
   its rate is the one a direct kernel would need to be as fast.
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from nala_gen.sr.archs.winograd import pointwise_conv, winograd_conv3x3
+from nala_gen.ops.winograd import pointwise_conv, winograd_conv3x3
 
 
 def _layer_times(net: torch.nn.Module, x: torch.Tensor, repeats: int, depth: int) -> list[dict]:

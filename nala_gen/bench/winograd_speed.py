@@ -1,4 +1,4 @@
-"""What the Winograd 3x3 convolution (:mod:`nala_gen.sr.archs.winograd`) gains: per convolution shape and per network.
+"""What the Winograd 3x3 convolution (:mod:`nala_gen.ops.winograd`) gains: per convolution shape and per network.
 
 Each in one fresh process, its calls alternated with the direct convolution's in the same process (the VM's speed
 drifts from process to process, so a ratio is only taken within one):
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from functools import partial
@@ -47,8 +46,8 @@ def shapes_worker(repeats: int) -> dict:
     import torch
     import torch.nn.functional as F
 
+    from nala_gen.ops import winograd
     from nala_gen.profiling import reused_large_temporaries
-    from nala_gen.sr.archs import winograd
 
     if winograd.unavailable_reason():
         return {"status": "unavailable", "note": winograd.unavailable_reason()}
@@ -86,8 +85,8 @@ def network_worker(model: str, side: int, rounds: int) -> dict:
     import torch
 
     from nala_gen.bench.sr_scaling import build, padded_input
+    from nala_gen.ops import using, winograd
     from nala_gen.profiling import reused_large_temporaries
-    from nala_gen.sr.archs import winograd
 
     if winograd.unavailable_reason():
         return {"status": "unavailable", "note": winograd.unavailable_reason()}
@@ -98,8 +97,8 @@ def network_worker(model: str, side: int, rounds: int) -> dict:
 
     def run(switch: str):
         def call():
-            os.environ["NALA_GEN_WINOGRAD"] = switch  # read on every convolution call
-            outputs[switch] = net(x)
+            with using(winograd=switch == "1"):
+                outputs[switch] = net(x)
 
         return call
 

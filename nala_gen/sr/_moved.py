@@ -26,6 +26,8 @@ MOVED = {
     "nala_gen.sr.inference_graph": "nala_gen.sr.archs.fast",
     "nala_gen.sr.upscale.inference_graph": "nala_gen.sr.archs.fast",
     "nala_gen.sr.archs.inference_graph": "nala_gen.sr.archs.fast",
+    # the CPU kernels live in one package below attention and sr
+    "nala_gen.sr.archs.winograd": "nala_gen.ops.winograd",
     "nala_gen.sr.probe_cache": "nala_gen.sr.upscale.probe_cache",
     "nala_gen.sr.resample": "nala_gen.sr.upscale.resample",
     "nala_gen.sr.imageio": "nala_gen.sr.upscale.imageio",

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from nala_gen.attention import report_queries_keys
-from nala_gen.attention.fused import tracing
+from nala_gen.ops import tracing
 
 from .esrt_layers import LearnedScale, conv3x3, upsample_to, upsampler
 from .fast import ESRTInferenceGraph

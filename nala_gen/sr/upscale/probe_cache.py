@@ -3,9 +3,10 @@
 ``tile="auto"`` measures a network's memory at three small sizes before its first job (see
 :meth:`nala_gen.sr.upscale.engine.Upscaler._probes`): well under a second, but every ``nala-sr upscale`` of one image
 paid it again. The readings depend on what the network is (its layers, shapes and options), not on its weight
-values, and on where it runs (device, precision, threads, CPU, torch, this package, the fused NaLa op on or
-off), so they are kept under a key made of exactly those, in ``$XDG_CACHE_HOME/nala_gen/probes.json``
-(``~/.cache/...`` by default; ``NALA_GEN_PROBE_CACHE`` names another file, or ``off``).
+values, and on where it runs (device, precision, threads, CPU, torch, this package, which CPU kernels run: the
+runtime options and the kernels' and the networks' sources), so they are kept under a key made of exactly those,
+in ``$XDG_CACHE_HOME/nala_gen/probes.json`` (``~/.cache/...`` by default; ``NALA_GEN_PROBE_CACHE`` names another
+file, or ``off``).
 
 A cache must never cost a job: an unreadable, corrupt or unwritable file is ignored (the network is probed as
 without it), a write is atomic, and the file keeps only the ``MAX_ENTRIES`` most recent networks.
@@ -21,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from nala_gen.attention import fused
 from nala_gen.devices import cpu_model
+from nala_gen.ops import nala_fused, runtime_options, winograd
 
 CACHE_ENV = "NALA_GEN_PROBE_CACHE"
 MAX_ENTRIES = 64
@@ -42,23 +43,36 @@ def cache_path() -> Path | None:
     return Path(cache_home) / "nala_gen" / "probes.json"
 
 
-# The modules whose code decides a pass's memory: a changed line in any of them is a new key (the package's
-# version is not bumped for every commit).
-_PASS_SOURCES = ("nala_gen.sr.archs.esrt_arch", "nala_gen.sr.archs.esrt_layers", "nala_gen.sr.archs.nalasr_arch",
-                 "nala_gen.sr.archs.fast.graph", "nala_gen.sr.archs.fast.body", "nala_gen.sr.archs.fast.transformer",
-                 "nala_gen.sr.archs.fast.upsampler", "nala_gen.attention.inference", "nala_gen.attention.modules",
-                 "nala_gen.attention.functional", "nala_gen.attention.fused", "nala_gen.attention.kernels")  # fmt: skip
+# The packages whose code runs a pass: the CPU kernels (Python and C++), the attention, the networks and their fast
+# form. Every source file under them is hashed, so a changed line in any of them is a new key (the package's
+# version is not bumped for every commit) and a new module needs no entry here.
+_PASS_PACKAGES = ("ops", "attention", "sr/archs")  # under nala_gen/
+_SOURCE_SUFFIXES = (".py", ".cpp", ".inc", ".h")
+
+
+def source_digest(folders: list[Path]) -> str:
+    """The hash of every source file (``_SOURCE_SUFFIXES``) under ``folders``, by path relative to its folder."""
+    digest = hashlib.sha256()
+    for folder in folders:
+        for path in sorted(p for p in folder.rglob("*") if p.suffix in _SOURCE_SUFFIXES and p.is_file()):
+            digest.update(f"{path.relative_to(folder)}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 def _code_digest() -> str:
-    import importlib.util
+    package = Path(__file__).resolve().parents[2]
+    return source_digest([package / name for name in _PASS_PACKAGES])
 
-    digest = hashlib.sha256()
-    for name in _PASS_SOURCES:
-        spec = importlib.util.find_spec(name)
-        if spec and spec.origin and os.path.isfile(spec.origin):
-            digest.update(Path(spec.origin).read_bytes())
-    return digest.hexdigest()
+
+def runtime_described() -> dict:
+    """Which CPU kernels run a pass here: the options in force and what of them this build and CPU can run (a build
+    without the fused op runs the attention's PyTorch path whatever the options say)."""
+    return {
+        "options": runtime_options().as_dict(),
+        "fused": nala_fused.instruction_set() if nala_fused.enabled() else None,
+        "winograd": winograd.enabled(),
+    }
 
 
 def network_key(network: torch.nn.Module, device: torch.device, precision: str, sides: tuple[int, ...]) -> str:
@@ -80,8 +94,7 @@ def network_key(network: torch.nn.Module, device: torch.device, precision: str, 
         "torch": torch.__version__,
         "nala_gen": _package_version(),
         "code": _code_digest(),
-        # whether the fused NaLa op runs (not just whether it is asked for: a build without it runs eager)
-        "fused": (fused.enabled(), fused.instruction_set()),
+        "runtime": runtime_described(),
     }
     return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
 

@@ -34,7 +34,7 @@ and its own ``forward`` runs it in inference. What it changes, each exact in rea
   convolutions' weights or onto the residual adds, and the channel attention's gate into the next convolution's
   weight, so no pass copies a map into a wider one or multiplies a whole feature map by a scalar or a per-channel
   gate.
-* **3x3 convolutions by Winograd's F(2x2, 3x3)** (:mod:`~nala_gen.sr.archs.winograd`) where the CPU has AVX-512F
+* **3x3 convolutions by Winograd's F(2x2, 3x3)** (:mod:`~nala_gen.ops.winograd`) where the CPU has AVX-512F
   and the shape suits its kernels (32 or more output channels): 16 multiply-adds per channel pair for each 2x2
   block of outputs instead of 36; the same convolution to float32 rounding.
 

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import winograd
+from nala_gen.ops import winograd
+
 from ..esrt_layers import upsample_to
 from .transformer import ComposedTransformer
 

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import winograd
+from nala_gen.ops import winograd
+
 from .body import FoldedBody, _float32
 from .upsampler import ComposedUpsampler
 

@@ -14,10 +14,8 @@ from torch import nn
 
 from nala_gen.attention import NaLaAttention
 from nala_gen.attention import inference as block_inference
-from nala_gen.attention.fused import tracing
 from nala_gen.attention.inference import HeadGroupedMix, row_bands
-
-from .. import winograd
+from nala_gen.ops import tracing, winograd
 
 Tensor = torch.Tensor
 Grid = tuple[int, int]

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import winograd
+from nala_gen.ops import winograd
 
 Tensor = torch.Tensor
 

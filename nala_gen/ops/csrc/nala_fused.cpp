@@ -16,8 +16,6 @@
 
 #include <ATen/Parallel.h>
 
-#include "output_blocks.h"
-
 #include <immintrin.h>  // the AVX-512 kernels' getexp/scalef (nala_tiles.inc), compiled under their target
 
 #include <algorithm>
@@ -126,21 +124,21 @@ static int round_up(int n, int multiple) { return (n + multiple - 1) / multiple 
 // 32-wide (64 vector FMAs per token in each product against 72 at 24 wide, and 2 map vectors against 3): about a
 // tenth faster than the AVX2 kernels in timings of its 62,500-token call. Chosen from the shape alone, so forward
 // and backward agree.
-// NALA_GEN_FUSED_ISA=avx2 or =baseline (read once) caps the choice: to test or time the narrower kernels on a CPU
-// that has wider ones, or to reproduce another machine's bits.
+// A cap (set_isa_cap, from nala_gen.ops.options' fused_isa: NALA_GEN_FUSED_ISA=avx2 or =baseline) narrows the
+// choice: to test or time the narrower kernels on a CPU that has wider ones, or to reproduce another machine's bits.
+// 0: none, 1: avx2, 2: baseline. Read on every call, so the Python side can pass the options in force.
+static std::atomic<int> isa_cap{0};
+
 static const Kernels& kernels(int d = 16, int dv = 16) {
 #ifdef NALA_HAVE_X86_TARGETS
-  static const std::string cap = [] {
-    const char* value = std::getenv("NALA_GEN_FUSED_ISA");
-    return std::string(value ? value : "");
-  }();
-  static const bool avx2 = [] {
+  static const bool cpu_avx2 = [] {
     __builtin_cpu_init();
-    return (cap.empty() || cap == "avx512" || cap == "avx2") && __builtin_cpu_supports("avx2") &&
-           __builtin_cpu_supports("fma");
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   }();
-  static const bool avx512 = avx2 && cap != "avx2" && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+  static const bool cpu_avx512 = cpu_avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                                 __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw");
+  const int cap = isa_cap.load(std::memory_order_relaxed);
+  const bool avx2 = cpu_avx2 && cap < 2, avx512 = cpu_avx512 && cap < 1;
   static const Kernels k512 = NALA_KERNELS(avx512), k256 = NALA_KERNELS(avx2);
   const bool wide_pays = round_up(d, 16) * round_up(dv, 16) / 16 <= round_up(d, 8) * round_up(dv, 8) / 8;
   if (avx512 && wide_pays) return k512;
@@ -699,10 +697,10 @@ std::vector<at::Tensor> backward(const at::Tensor& grad_in, const at::Tensor& q_
   at::Tensor kv_t = state.narrow(1, 0, (int64_t)F * DVp).view({P.BH, F, DVp}).transpose(1, 2).contiguous();
   const float* kv_t_p = kv_t.data_ptr<float>();
 
-  // From kept blocks (output_blocks.h) as the inference outputs: each is written whole below.
-  at::Tensor gq = output_blocks::empty(q.sizes());
-  at::Tensor gk = output_blocks::empty(k.sizes());
-  at::Tensor gv = output_blocks::empty(v.sizes());
+  // Each is written whole below.
+  const auto float_cpu = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
+  at::Tensor gq = at::empty(q.sizes(), float_cpu), gk = at::empty(k.sizes(), float_cpu);
+  at::Tensor gv = at::empty(v.sizes(), float_cpu);
   const Rows gqr(gq), gkr(gk), gvr(gv);
 
   // Query pass: dq, and dKV (F x DVp), dz (F), d(gamma) per (batch, head) from partial sums per group of tiles.
@@ -785,8 +783,11 @@ std::string inference_layout(int64_t d, int64_t dv) {
   return inference_kernels((int)d, (int)dv).second ? "soa" : "tiles";
 }
 
-// A new float32 output (sizes) for the inference entry, from a kept block when one fits (output_blocks.h).
-at::Tensor new_output(std::vector<int64_t> sizes) { return output_blocks::empty(sizes); }
+// Caps the instruction set of the calls that follow: "avx2", "baseline", or "" (none).
+void set_isa_cap(const std::string& cap) {
+  TORCH_CHECK(cap.empty() || cap == "avx512" || cap == "avx2" || cap == "baseline", "unknown instruction set ", cap);
+  isa_cap.store(cap == "baseline" ? 2 : cap == "avx2" ? 1 : 0, std::memory_order_relaxed);
+}
 
 }  // namespace nala_fused
 
@@ -805,11 +806,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                                            "state, lam, tau, angle_scale, key_raw, eps_total)");
   m.def("isa", &nala_fused::isa, "the instruction set the kernels were dispatched to");
   m.def("inference_layout", &nala_fused::inference_layout, "forward_into's kernels for (d, dv): soa or tiles");
-  m.def("new_output", &nala_fused::new_output, "a new float32 tensor (uninitialised), from a kept output block "
-                                               "when one fits");
-  m.def("release_output_blocks", &nala_fused::output_blocks::release, "frees the kept output blocks; their bytes");
+  m.def("set_isa_cap", &nala_fused::set_isa_cap, "caps the instruction set of the calls that follow: avx2, "
+                                                 "baseline, or an empty string for none");
   m.def("streams_output", &nala_fused::streams_output, "whether the query pass writes this output by "
         "non-temporal stores (larger than the last-level cache, rows whole cache lines)");
   m.def("stream_threshold_bytes", &nala_fused::stream_threshold_bytes, "output bytes above which it streams");
-  m.def("kept_output_bytes", &nala_fused::output_blocks::kept_bytes, "bytes the kept output blocks hold");
 }

@@ -14,12 +14,10 @@ products are most of the time (``LARGE_TILE_CHANNELS``; ``pack`` picks it).
 autocast and tracing (an ONNX export or ``torch.compile`` sees ``conv2d``), 16, 32, 48, 64, 80 or 144 input
 channels and a multiple of 16 output channels, and not under a dispatch mode (``torch.utils.flop_counter`` counts
 the direct convolution's FLOPs, the network's own arithmetic); :func:`conv1x1` likewise for 32 or 144 input
-channels. ``NALA_GEN_WINOGRAD=0`` turns them off.
+channels. ``NALA_GEN_WINOGRAD=0`` (``RuntimeOptions.winograd``) turns them off.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +25,11 @@ from torch import nn
 from torch.overrides import handle_torch_function, has_torch_function
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from nala_gen.attention.fused import tracing
+from .options import RuntimeOptions, runtime_options
+from .tracing import tracing
 
 try:
-    from nala_gen.sr import _winograd as _op
+    from nala_gen.ops import _winograd as _op
 except ImportError as error:  # not built (a pure-Python install), or built against another torch
     _op, _WHY_NOT = None, f"the Winograd convolution is not importable ({error})"
 else:
@@ -59,8 +58,9 @@ def unavailable_reason() -> str | None:
     return _WHY_NOT
 
 
-def enabled() -> bool:
-    return _WHY_NOT is None and os.environ.get("NALA_GEN_WINOGRAD", "1").lower() not in ("0", "false", "no")
+def enabled(runtime: RuntimeOptions | None = None) -> bool:
+    """The kernels run here and the options (those in force by default) let them."""
+    return _WHY_NOT is None and (runtime or runtime_options()).winograd
 
 
 def pack(weight: Tensor) -> Tensor:
@@ -73,11 +73,14 @@ def pack(weight: Tensor) -> Tensor:
     return packed.reshape(len(rows) ** 2, weight.shape[1], weight.shape[0]).float().contiguous()
 
 
-def _kernels_run(x: Tensor, weight: Tensor, channels: tuple[int, ...], kernel: int) -> bool:
+def _kernels_run(
+    x: Tensor, weight: Tensor, channels: tuple[int, ...], kernel: int, runtime: RuntimeOptions | None
+) -> bool:
     """Whether a kernel compiled for ``channels`` input channels and ``kernel`` x ``kernel`` weights runs this
-    convolution: float32 CPU maps outside autograd, autocast, tracing and dispatch modes."""
+    convolution under ``runtime`` (the options in force by default): float32 CPU maps outside autograd, autocast,
+    tracing and dispatch modes."""
     return (
-        enabled()
+        enabled(runtime)
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and x.dim() == 4
@@ -91,21 +94,21 @@ def _kernels_run(x: Tensor, weight: Tensor, channels: tuple[int, ...], kernel: i
     )
 
 
-def applies(x: Tensor, weight: Tensor) -> bool:
+def applies(x: Tensor, weight: Tensor, runtime: RuntimeOptions | None = None) -> bool:
     """Whether :func:`conv3x3` runs the Winograd kernels for this input and (Co, Ci, 3, 3) weight."""
-    return _kernels_run(x, weight, INPUT_CHANNELS, 3)
+    return _kernels_run(x, weight, INPUT_CHANNELS, 3, runtime)
 
 
-def applies_1x1(x: Tensor, weight: Tensor) -> bool:
+def applies_1x1(x: Tensor, weight: Tensor, runtime: RuntimeOptions | None = None) -> bool:
     """Whether :func:`conv1x1` runs its kernel for this input and (Co, Ci, 1, 1) weight."""
-    return _kernels_run(x, weight, POINTWISE_INPUT_CHANNELS, 1)
+    return _kernels_run(x, weight, POINTWISE_INPUT_CHANNELS, 1, runtime)
 
 
-def conv1x1(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+def conv1x1(x: Tensor, weight: Tensor, bias: Tensor | None = None, runtime: RuntimeOptions | None = None) -> Tensor:
     """``F.conv2d(x, weight, bias)`` for a (Co, Ci, 1, 1) weight: (B, Ci, H, W) -> (B, Co, H, W), channels-last where
     the kernel runs (the Winograd kernel's register tiles on the pixels' channels: 5-15 % faster than oneDNN on the
     graph's 144-wide token maps, about twice on its 32-channel ones at the pooled resolution)."""
-    if not applies_1x1(x, weight):
+    if not applies_1x1(x, weight, runtime):
         return F.conv2d(x, weight, bias)
     if bias is None:
         bias = x.new_zeros(weight.shape[0])
@@ -123,12 +126,18 @@ def pointwise_conv(x: Tensor, weight_t: Tensor, bias: Tensor) -> Tensor:
         return _op.conv1x1(x, weight_t, bias)
 
 
-def conv3x3(x: Tensor, weight: Tensor, bias: Tensor | None = None, packed: Tensor | None = None) -> Tensor:
+def conv3x3(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    packed: Tensor | None = None,
+    runtime: RuntimeOptions | None = None,
+) -> Tensor:
     """``F.conv2d(x, weight, bias, padding=1)``: (B, Ci, H, W) -> (B, Co, H, W), channels-last where the kernels run.
 
     ``packed``: ``pack(weight)``, where the caller keeps it (a layer's fixed weight); made here otherwise (a few
-    microseconds for these sizes)."""
-    if not applies(x, weight):
+    microseconds for these sizes); ``runtime``: the options to follow (those in force by default)."""
+    if not applies(x, weight, runtime):
         return F.conv2d(x, weight, bias, padding=1)
     if packed is None:
         packed = pack(weight)

@@ -1,0 +1,94 @@
+"""Which code paths the CPU kernels take: one value, read from the environment once.
+
+The environment variables are the user's interface (set before the process starts):
+
+| variable | field | default |
+|---|---|---|
+| ``NALA_GEN_FUSED=0`` | ``fused``: the fused NaLa op runs where it can | on |
+| ``NALA_GEN_FUSED_ISA=avx2`` or ``baseline`` | ``fused_isa``: caps the op's instruction set | the widest the CPU runs |
+| ``NALA_GEN_WINOGRAD=0`` | ``winograd``: the Winograd 3x3 and the 1x1 kernels | on |
+| ``NALA_GEN_COMPILE=1`` | ``compile``: the PyTorch path's feature map by ``torch.compile`` | off |
+
+Why one value: code that chooses a path takes it as an argument (its default is :func:`runtime_options`), so a
+process runs one configuration from start to end, the probe cache can hash exactly what changes a pass, and a test
+or a benchmark switches a path with :func:`using` instead of writing to ``os.environ`` while code reads it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+
+ISAS = ("avx512", "avx2", "baseline")  # widest first
+_OFF = ("0", "false", "no")
+_ON = ("1", "true", "yes")
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """The CPU kernels' switches (see the module).
+
+    fused: the fused NaLa op runs where it applies (off: the PyTorch path everywhere).
+    fused_isa: the widest instruction set the fused op may use (``avx512``, ``avx2``, ``baseline``); None for the
+        widest this CPU runs.
+    winograd: the Winograd 3x3 and the 1x1 convolution kernels run where they apply.
+    compile: ``linear_attention``'s PyTorch path fuses its feature map with ``torch.compile`` when the caller does
+        not say.
+    """
+
+    fused: bool = True
+    fused_isa: str | None = None
+    winograd: bool = True
+    compile: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fused_isa is not None and self.fused_isa not in ISAS:
+            raise ValueError(f"fused_isa must be one of {ISAS} or None, not {self.fused_isa!r}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def from_environ(environ: Mapping[str, str] | None = None) -> RuntimeOptions:
+    """The options the variables of ``environ`` (``os.environ`` by default) set; unset ones keep their default."""
+    env = os.environ if environ is None else environ
+    isa = env.get("NALA_GEN_FUSED_ISA", "").strip().lower()
+    return RuntimeOptions(
+        fused=env.get("NALA_GEN_FUSED", "1").strip().lower() not in _OFF,
+        # an unknown name caps nothing (the C++ op used to fall back to its baseline kernels for one: a typo then
+        # cost the vector kernels without a word)
+        fused_isa=isa if isa in ISAS else None,
+        winograd=env.get("NALA_GEN_WINOGRAD", "1").strip().lower() not in _OFF,
+        compile=env.get("NALA_GEN_COMPILE", "0").strip().lower() in _ON,
+    )
+
+
+# Plain module state rather than a ContextVar or functools.cache: torch.compile traces through runtime_options()
+# (linear_attention, the Winograd check) and reads a global as a constant.
+_environ: RuntimeOptions | None = None
+_chosen: list[RuntimeOptions] = []  # the :func:`using` blocks open now, innermost last
+
+
+def runtime_options() -> RuntimeOptions:
+    """The options in force: those of the innermost :func:`using`, else the environment's (read at the first call)."""
+    global _environ
+    if _chosen:
+        return _chosen[-1]
+    if _environ is None:
+        _environ = from_environ()
+    return _environ
+
+
+@contextmanager
+def using(options: RuntimeOptions | None = None, **changes) -> Iterator[RuntimeOptions]:
+    """Run the block with ``options`` (the ones in force by default) with ``changes`` applied, e.g.
+    ``with using(fused=False): ...``; yields the options in force inside. Process-wide (tests, benchmarks): a
+    thread started inside the block sees them too."""
+    chosen = replace(options or runtime_options(), **changes)
+    _chosen.append(chosen)
+    try:
+        yield chosen
+    finally:
+        _chosen.pop()
