@@ -17,7 +17,7 @@ import torch
 from nala_gen.attention import NaLaAttention, fused, linear_attention, reference_attention
 from nala_gen.attention.kernels import kernel as kernel_spec
 from nala_gen.attention.rope import rope_2d
-from nala_gen.ops import nala_fused, using
+from nala_gen.ops import RuntimeOptions, nala_fused, using
 
 
 def test_the_fused_op_is_built_in_this_checkout():
@@ -481,3 +481,27 @@ def test_the_build_comparison_diagnostic_times_each_module(tmp_path):
     assert "x1.000" in lines[0].split(" into ")[1].split(" op ")[0]  # the base against itself
     for line in lines:
         assert float(line.split(" op ")[1].split()[0]) > 0, line
+
+
+def test_a_backward_runs_the_kernels_of_its_forward_whatever_the_options_are_by_then():
+    """The state a forward saves is laid out for its kernels' vector width: the backward must pick the same ones
+    even when the options in force changed in between (a capped forward, an uncapped backward)."""
+    if nala_fused.instruction_set() == "baseline":
+        pytest.skip("no wider kernels on this CPU: every cap runs the same ones")
+    torch.manual_seed(13)
+    q, k, v = (torch.randn(1, 2, 200, 18, requires_grad=True) for _ in range(3))
+    grad = torch.randn(1, 2, 200, 18)
+    with using(fused=False):
+        linear_attention(q, k, v).backward(grad)
+    expected = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    with using(fused_isa="baseline"):
+        out = linear_attention(q, k, v)
+    out.backward(grad)
+    assert all(torch.allclose(t.grad, e, rtol=1e-4, atol=1e-5) for t, e in zip((q, k, v), expected))
+    out = linear_attention(q, k, v, runtime=RuntimeOptions(fused_isa="baseline"))  # passed, not in force
+    for t in (q, k, v):
+        t.grad = None
+    out.backward(grad)
+    assert all(torch.allclose(t.grad, e, rtol=1e-4, atol=1e-5) for t, e in zip((q, k, v), expected))

@@ -167,8 +167,8 @@ def linear_attention(
     # It checks the keys for overflow itself (see fused.nala_attention).
     if kernel == "nala" and fused.eligible(q, k, v, kernel_options, runtime):
         if out is not None and fused.writes_into(out, add, q, k, v):
-            return fused.nala_attention(q, k, v, rope, eps_total, out=out, add=add, **kernel_options)
-        return _written(fused.nala_attention(q, k, v, rope, eps_total, **kernel_options), out, add)
+            return fused.nala_attention(q, k, v, rope, eps_total, out, add, runtime, **kernel_options)
+        return _written(fused.nala_attention(q, k, v, rope, eps_total, runtime=runtime, **kernel_options), out, add)
     k = safe_keys(kernel, k, **kernel_options)
     phi = compiled_feature_map(kernel) if compile else spec.features
     # Traced (an ONNX export, say), the loops below would keep the traced size's trip count and drop every token

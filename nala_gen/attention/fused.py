@@ -110,11 +110,13 @@ def nala_attention(
     eps_total: float = 0.0,
     out: Tensor | None = None,
     add: Tensor | None = None,
+    runtime: RuntimeOptions | None = None,
     **options,
 ) -> Tensor:
     """The fused op; see the module.
 
     q, k: (B, heads, N, d); v: (B, heads, N_k, dv); rope: (cos, sin) tables (N, d) for the 2d features, or None;
+    runtime: the CPU kernels' options (the instruction set's cap), those in force by default;
     options: those of :func:`~nala_gen.attention.kernels.nala_features`, with its defaults.
     Returns (B, heads, N_q, dv) in v's dtype. With ``out`` (inference, see :func:`writes_into`) the result plus
     ``add`` (optional, same shape) is written into ``out``, whatever its strides, and ``out`` is returned: a head
@@ -140,8 +142,8 @@ def nala_attention(
 
     def run(keys: Tensor) -> tuple[Tensor, Tensor]:
         if into is None:
-            return nala_fused.FusedNaLa.apply(q, upcast(keys), v, *arguments)
-        return into, nala_fused.forward_into(q, upcast(keys), v, arguments, into, add)
+            return nala_fused.FusedNaLa.apply(q, upcast(keys), v, *arguments, runtime)
+        return into, nala_fused.forward_into(q, upcast(keys), v, arguments, into, add, runtime)
 
     result, key_max = run(k)
     if key_raw and bool((key_max > RAW_KEY_LIMIT).any()):  # with out, every row of it is written again
@@ -160,7 +162,9 @@ def _op_arguments(heads: int, head_dim: int, rope: tuple[Tensor, Tensor] | None,
     return cos, sin, _per_head(o["norm_scale"], heads), float(o["lam"]), float(o["tau"]), scale, key_raw
 
 
-def key_state(k: Tensor, v: Tensor, rope: tuple[Tensor, Tensor] | None, **options) -> tuple[Tensor, Tensor]:
+def key_state(
+    k: Tensor, v: Tensor, rope: tuple[Tensor, Tensor] | None, runtime: RuntimeOptions | None = None, **options
+) -> tuple[Tensor, Tensor]:
     """The keys' and values' part of the fused op, for some of the tokens (inference only): ``(state, key_max)``.
 
     The attention over N tokens can then run without holding all of them: the states of disjoint runs of tokens
@@ -172,7 +176,7 @@ def key_state(k: Tensor, v: Tensor, rope: tuple[Tensor, Tensor] | None, **option
     k: (B, heads, n, d), v: (B, heads, n, dv), any float dtype (computed in float32); rope: tables for these n
     tokens or None. Returns a float32 state whose layout is the op's, and key_max (B * heads,)."""
     arguments = _op_arguments(k.shape[1], k.shape[-1], rope, options)
-    return nala_fused.key_state(upcast(k), upcast(v), arguments)
+    return nala_fused.key_state(upcast(k), upcast(v), arguments, runtime)
 
 
 def query_into(
@@ -182,11 +186,12 @@ def query_into(
     eps_total: float,
     out: Tensor,
     add: Tensor | None = None,
+    runtime: RuntimeOptions | None = None,
     **options,
 ) -> Tensor:
     """The queries' part of the fused op on a :func:`key_state` summed over every key: the attention of q (B,
     heads, n, d) plus ``add`` written into ``out`` (B, heads, n, dv), as :func:`nala_attention` writes it
     (:func:`writes_into` must hold). ``rope``: the tables' rows of these n queries; ``eps_total``: the kernel's
-    denominator offset for all N keys; the options as the state's. Returns ``out``."""
+    denominator offset for all N keys; the options (and ``runtime``) as the state's. Returns ``out``."""
     arguments = _op_arguments(q.shape[1], q.shape[-1], rope, options)
-    return nala_fused.query_into(upcast(q), state, (*arguments, eps_total), out, add)
+    return nala_fused.query_into(upcast(q), state, (*arguments, eps_total), out, add, runtime)

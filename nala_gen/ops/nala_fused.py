@@ -91,14 +91,16 @@ def stream_threshold_bytes() -> int:
 
 class FusedNaLa(torch.autograd.Function):
     """The op with autograd: ``FusedNaLa.apply(q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw,
-    eps_total)`` -> out (B, heads, N_q, dv) and key_max (B * heads,): each head's largest |key component|.
+    eps_total, runtime)`` -> out (B, heads, N_q, dv) and key_max (B * heads,): each head's largest |key component|.
 
     q, k: (B, heads, N, d) float32; v: (B, heads, N_k, dv) float32; cos, sin: RoPE tables (N, d) or empty; gamma:
-    the norm scale per head (differentiable)."""
+    the norm scale per head (differentiable); runtime: the options whose instruction set runs it (None: those in
+    force)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total):
-        ctx.isa = runtime_options().fused_isa  # the backward reads the state in the layout of the forward's kernels
+    def forward(ctx, q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total, runtime=None):
+        # the backward reads the state in the layout of the forward's kernels
+        ctx.isa = (runtime or runtime_options()).fused_isa
         out, den, state, key_max = _capped(ctx.isa).forward(
             q, k, v, cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total
         )
@@ -113,26 +115,36 @@ class FusedNaLa(torch.autograd.Function):
         q, k, v, cos, sin, gamma, out, den, state = ctx.saved_tensors
         gq, gk, gv, g_gamma = _capped(ctx.isa).backward(grad, q, k, v, cos, sin, gamma, out, den, state, *ctx.options)
         g_gamma = g_gamma.view(q.shape[0], q.shape[1]).sum(0)  # per (batch, head) -> per head
-        grads = (gq, gk, gv, None, None, g_gamma) + (None,) * 5
+        grads = (gq, gk, gv, None, None, g_gamma) + (None,) * 6
         return tuple(g if need else None for g, need in zip(grads, ctx.needs_input_grad))
 
 
-def forward_into(q: Tensor, k: Tensor, v: Tensor, arguments: tuple, out: Tensor, add: Tensor | None) -> Tensor:
+def forward_into(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    arguments: tuple,
+    out: Tensor,
+    add: Tensor | None,
+    runtime: RuntimeOptions | None = None,
+) -> Tensor:
     """The inference entry: the attention plus ``add`` (or nothing) written into ``out``; ``arguments`` are
     ``(cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total)``. Keeps nothing for a backward. Returns each
     (batch, head)'s largest |key component|."""
     with torch.profiler.record_function("_FusedNaLa"):  # named in profiles as the autograd path's op is
-        return op().forward_into(q, k, v, *arguments, out, torch.empty(0) if add is None else add)
+        return op(runtime).forward_into(q, k, v, *arguments, out, torch.empty(0) if add is None else add)
 
 
-def key_state(k: Tensor, v: Tensor, arguments: tuple) -> tuple[Tensor, Tensor]:
+def key_state(k: Tensor, v: Tensor, arguments: tuple, runtime: RuntimeOptions | None = None) -> tuple[Tensor, Tensor]:
     """The inference entry's key pass alone: ``(state, key_max)``; ``arguments`` are
     ``(cos, sin, gamma, lam, tau, angle_scale, key_raw)`` for these keys' tokens."""
-    return tuple(op().key_state(k, v, *arguments))
+    return tuple(op(runtime).key_state(k, v, *arguments))
 
 
-def query_into(q: Tensor, state: Tensor, arguments: tuple, out: Tensor, add: Tensor | None) -> Tensor:
-    """The inference entry's query pass on a summed :func:`key_state`; ``arguments`` are
-    ``(cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total)``. Returns ``out``."""
-    op().query_into(q, state, *arguments, out, torch.empty(0) if add is None else add)
+def query_into(
+    q: Tensor, state: Tensor, arguments: tuple, out: Tensor, add: Tensor | None, runtime: RuntimeOptions | None = None
+) -> Tensor:
+    """The inference entry's query pass on a summed :func:`key_state` (made with the same ``runtime``);
+    ``arguments`` are ``(cos, sin, gamma, lam, tau, angle_scale, key_raw, eps_total)``. Returns ``out``."""
+    op(runtime).query_into(q, state, *arguments, out, torch.empty(0) if add is None else add)
     return out
