@@ -93,7 +93,8 @@ bench: $(STAMP)
 	$(BIN)/nala-bench trained-entropy
 	test -d datasets/mini || $(BIN)/nala-sr prepare mini
 	$(BIN)/nala-bench sr-ablation --iters 1000  # 9 variants x 3 seeds; finished runs (the ledger) are not redone
-	$(BIN)/nala-bench dit-ablation --adopt nala=naladit-digits softmax=naladit-digits-softmax  # 3 x 3 seeds
+	$(BIN)/nala-bench dit-ablation --rescore  # the block against the model it replaced, 3 seeds each (hours)
+	$(BIN)/nala-bench dit-ablation --steps 3000 --seeds 0 --variants parts  # the block's parts one at a time
 	$(BIN)/nala-sr evaluate --data datasets/mini/val --scale 4 --models bicubic esrt-x4 nalasr-light-x4 \
 		--json benchmarks/results/sr_quality.json
 	$(BIN)/nala-sr evaluate --data datasets/mini/val --scale 2 --models bicubic nalasr-light-x2 \

@@ -9,7 +9,7 @@ judges' accuracy on the samples (the CNN and the independent SVC) and the Fréch
 
     nala-bench dit-ablation [--steps 6000] [--seeds 0 1 2] [--variants preblock nala ...]
                             [--adopt preblock=naladit-digits-preblock] [--rescore] [--report-only]
-    nala-bench dit-ablation --steps 1500 --seeds 0 --variants parts   # the block's parts, one at a time
+    nala-bench dit-ablation --steps 3000 --seeds 0 --variants parts   # the block's parts, one at a time
 
 Runs live under ``experiments/`` as ``dit_digits_<variant>_<steps>st_seed<seed>`` and resume from their newest
 checkpoint (``nala-gen train --resume latest``), so the command can be rerun after any stop. A finished run's row
@@ -77,7 +77,7 @@ FULL_BUDGET_VARIANTS = ("preblock", "nala", "nala_norm_tracked", "softmax_preblo
 # The block's parts one at a time, at a short budget and one seed (make bench: --steps PARTS_STEPS --seeds 0).
 PARTS_VARIANTS = ("preblock", "nala", "nala_xavier", "nala_no_rope", "nala_no_lepe", "nala_no_gate",
                   "nala_preblock_kernel")  # fmt: skip
-PARTS_STEPS = 1500
+PARTS_STEPS = 3000
 DEFAULT_SEEDS = (0, 1, 2)
 DEFAULT_STEPS = 6000  # the shipped digits pipelines' budget: about an hour each on one core
 METRICS = ("accuracy", "svc_accuracy", "frechet_distance")
