@@ -26,19 +26,18 @@ nothing is written. A diagnostic for the op's target (issue 39) and docs/kernel.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 
 from nala_gen.bench.attention_scaling import run_config
-from nala_gen.bench.common import run_worker
+from nala_gen.bench.worker import run_fresh
 
 COLUMNS = ("key", "query", "into", "op", "fresh", "relu")
 CALLS = 15
 
 
-def worker(tokens: int, heads: int, head_dim: int) -> None:
-    """Print {part: [ms, faults per call]} for the op's parts at this shape (one JSON line)."""
+def worker(tokens: int, heads: int, head_dim: int) -> dict:
+    """{part: [ms, faults per call]} for the op's parts at this shape."""
     import resource
     import time
 
@@ -77,7 +76,7 @@ def worker(tokens: int, heads: int, head_dim: int) -> None:
                 "op": timed(lambda: linear_attention(q, k, v, kernel="nala")),
             }
         row["fresh"] = fresh
-    print(json.dumps(row), flush=True)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,17 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", nargs="+", default=["71680x4x32", "62500x8x18"], help="TOKENSxHEADSxHEAD_DIM")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--worker", nargs=3, type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        worker(*args.worker)
-        return 0
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # for the workers (this process only starts them)
     rows: dict[str, list[dict]] = {shape: [] for shape in args.shapes}
     for round_ in range(args.rounds):
         for shape in args.shapes:
             tokens, heads, head_dim = (int(x) for x in shape.split("x"))
-            row = run_worker(__file__, ["--worker", *shape.split("x")], {"THP_MEM_ALLOC_ENABLE": "1"})  # as nala-bench
+            kwargs = {"tokens": tokens, "heads": heads, "head_dim": head_dim}
+            row = run_fresh(f"{__file__}:worker", kwargs, {"THP_MEM_ALLOC_ENABLE": "1"})  # as nala-bench
             relu = run_config("relu", tokens, heads, head_dim, repeats=CALLS, thp=True)
             if "status" in row or relu.get("status") != "ok":
                 print(f"{shape}: failed: {row.get('note') or relu.get('note')}")

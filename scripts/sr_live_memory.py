@@ -13,11 +13,12 @@ A one-off diagnostic (docs/results/peers.md quotes it); nothing is written.
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
+
+from nala_gen.bench.worker import failed, run_fresh
 
 
-def worker(model: str, side: int) -> None:
+def worker(model: str, side: int) -> dict:
+    """The live peak (bytes) and the operators running at it, innermost first."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -41,25 +42,22 @@ def worker(model: str, side: int) -> None:
             peak, when = live, time
     ops = [e for e in events if e.name() != "[memory]" and e.start_ns() <= when <= e.start_ns() + e.duration_ns()]
     # the operators running at the peak, innermost first (an op's allocations happen inside it)
-    running = [e.name() for e in sorted(ops, key=lambda e: e.duration_ns())][:4]
-    print(f"{model:8s} {side}² LR  live peak {peak / 2**20:7.0f} MiB  in {' < '.join(running) or '?'}", flush=True)
+    return {"peak_bytes": peak, "running": [e.name() for e in sorted(ops, key=lambda e: e.duration_ns())][:4]}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["nalasr", "srvgg"])
     parser.add_argument("--sides", nargs="+", type=int, default=[250, 500])
-    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "SIDE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        worker(args.worker[0], int(args.worker[1]))
-        return 0
     for side in args.sides:
         for model in args.models:
-            cmd = [sys.executable, __file__, "--worker", model, str(side)]
-            result = subprocess.run(cmd, capture_output=True, text=True)
-            lines = [line for line in result.stdout.splitlines() if "live peak" in line]
-            print(lines[-1] if lines else f"{model} {side}: failed: {result.stderr.strip().splitlines()[-1:]}")
+            result = run_fresh(f"{__file__}:worker", {"model": model, "side": side})
+            if failed(result):
+                print(f"{model} {side}: {result['status']}: {result['note']}")
+                continue
+            running = " < ".join(result["running"]) or "?"
+            print(f"{model:8s} {side}² LR  live peak {result['peak_bytes'] / 2**20:7.0f} MiB  in {running}", flush=True)
     return 0
 
 

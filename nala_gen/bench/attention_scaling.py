@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from nala_gen.attention import feature_dim, fused, linear_attention
-from nala_gen.bench.common import machine_info, run_worker, write_cost_results
+from nala_gen.bench.common import machine_info, write_cost_results
+from nala_gen.bench.worker import run_fresh
 from nala_gen.profiling import PeakMemory, synchronize
 
 SIZES = (1024, 4096, 16384, 65536, 71680)
@@ -156,16 +157,12 @@ def run_config(
             "needs_bytes": need,
             "note": f"explicit N x N softmax needs ~{need / 1e9:.0f} GB (computed, not measured)",
         }
-    args = ["--worker", method, "--sizes", str(n), "--heads", str(heads), "--head-dim", str(d)]
     backward = backward and not method.startswith("softmax")  # linear kernels only: the op this bench is about
     env = {"THP_MEM_ALLOC_ENABLE": "1" if thp else "0"}
     env["NALA_GEN_FUSED"] = "0" if method.endswith((EAGER, COMPILED)) else "1"  # both measure the PyTorch path
+    kwargs = {"method": method, "n": n, "heads": heads, "d": d, "repeats": repeats, "backward": backward}
     with busy_core(busy):
-        result = run_worker(
-            "nala_gen.bench.attention_scaling",
-            [*args, "--repeats", str(repeats), "--device", device, *(["--backward"] if backward else [])],
-            env,
-        )
+        result = run_fresh("nala_gen.bench.attention_scaling:worker", {**kwargs, "device": device}, env)
     return {**row, "status": "ok", **result}
 
 
@@ -222,13 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (CUDA-synchronised times; peak is allocated)")
     parser.add_argument("--tag", default="", help="suffix of the result files (e.g. cuda)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-
-    if args.worker:
-        result = worker(args.worker, args.sizes[0], args.heads, args.head_dim, args.repeats, args.backward, args.device)
-        print(json.dumps(result))
-        return 0
 
     floor = machine_floor(args.device)
     print(f"torch.mm fp32: {floor['mm_gflops']:.0f} GFLOP/s; copy: {floor['copy_gbps']:.1f} GB/s", flush=True)

@@ -1,17 +1,12 @@
-"""What the benchmarks share: a fresh Python process per configuration, and the latency/memory plot.
+"""What the benchmarks share: run stamps, result files, machine info and the latency/memory plot.
 
-A fresh process per point keeps one configuration's allocator state and high-water mark out of the next. An
-optional address-space cap (``RLIMIT_DATA``) turns a configuration that would exhaust the machine into a
-clean "out of memory" result instead of the kernel's OOM killer.
+Fresh-process measurements go through :mod:`nala_gen.bench.worker`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -37,11 +32,6 @@ def write_json(target: Path, result: dict, quiet: bool = False) -> None:
         print(f"wrote {target}")
 
 
-def limit_memory(max_bytes: int) -> None:
-    """Cap this process's data segment (heap and private mappings), so big allocations fail, not the machine."""
-    resource.setrlimit(resource.RLIMIT_DATA, (max_bytes, max_bytes))
-
-
 def machine_info(device: str) -> dict:
     """What a result file says about where it ran: CPU, cores, torch, threads and, on CUDA, the GPU."""
     import torch
@@ -55,23 +45,6 @@ def machine_info(device: str) -> dict:
         info["device_name"] = torch.cuda.get_device_name(torch.device(device))
         info["memory"] = "torch.cuda.max_memory_allocated (tensors), CUDA-synchronised timings"
     return info
-
-
-def run_worker(module: str, args: list[str], env: dict | None = None, timeout: float | None = None) -> dict:
-    """``python -m module *args`` (``python module *args`` for a path ending in .py: a script's worker) -> the JSON
-    object on its last stdout line, or a status with the reason."""
-    cmd = [sys.executable, *([module] if module.endswith(".py") else ["-m", module]), *args]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"status": "timeout", "note": f"over {timeout:.0f} s"}
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode == 0 and lines:
-        return json.loads(lines[-1])
-    err = proc.stderr.strip().splitlines()
-    reason = err[-1] if err else f"exit {proc.returncode}"
-    oom = "memory" in proc.stderr.lower() or proc.returncode in (-9, 137)
-    return {"status": "oom" if oom else "failed", "note": reason[-300:]}
 
 
 def plot_cost(rows: list[dict], series_key: str, path: Path, xlabel: str, title: str, latency_unit: str = "ms") -> None:

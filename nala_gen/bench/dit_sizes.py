@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from nala_gen.bench.common import machine_info, run_worker
+from nala_gen.bench.common import machine_info
+from nala_gen.bench.worker import run_fresh
 
 MODELS = ("naladit-digits", "naladit-digits-softmax")
 SIDES = (32, 64, 128)
@@ -95,18 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per process")
     parser.add_argument("--rounds", type=int, default=3, help="fresh processes per point, models alternated")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "SIDE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        print(json.dumps(worker(args.worker[0], int(args.worker[1]), args.batch, args.repeats)))
-        return 0
 
     rounds: dict[tuple[str, int], list[dict]] = {}
     for side in args.sides:
         for r in range(args.rounds):
             for model in args.models if r % 2 == 0 else reversed(args.models):
-                worker_args = ["--worker", model, str(side), "--batch", str(args.batch), "--repeats", str(args.repeats)]
-                result = run_worker("nala_gen.bench.dit_sizes", worker_args)
+                kwargs = {"model": model, "side": side, "batch": args.batch, "repeats": args.repeats}
+                result = run_fresh("nala_gen.bench.dit_sizes:worker", kwargs)
                 rounds.setdefault((model, side), []).append(result)
                 shown = f"{result['latency_s'] * 1e3:.1f} ms" if result["status"] == "ok" else result.get("note", "")
                 print(f"{side:>4} px  round {r + 1}  {model:<28} {shown}", flush=True)

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-from nala_gen.bench.common import limit_memory, machine_info, rows_not_rerun, run_stamp, run_worker, write_cost_results
+from nala_gen.bench.common import machine_info, rows_not_rerun, run_stamp, write_cost_results
+from nala_gen.bench.worker import limit_memory, run_fresh
 from nala_gen.profiling import PeakMemory
 from nala_gen.sr.archs.peers import PEERS, peer_network
 
@@ -115,15 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--tag", default="", help="suffix of the result files: sr_scaling[_TAG].json/.png")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "SIZE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    limit = int(args.mem_limit_gb * 2**30)
-    if args.device != "cpu" and not args.worker:  # what an out-of-memory point hit: the whole GPU
+    cap = int(args.mem_limit_gb * 2**30)  # each worker's, on CPU
+    limit = cap  # what an out-of-memory point hit: the cap, or on CUDA the whole GPU
+    if args.device != "cpu":
         limit = torch.cuda.get_device_properties(torch.device(args.device)).total_memory
-
-    if args.worker:
-        print(json.dumps(worker(*args.worker, args.repeats, limit, args.device)))
-        return 0
 
     costs = {m: model_costs(m) for m in args.models}
     for m, c in costs.items():
@@ -132,18 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     for size in args.sizes:
         h, w = map(int, size.split("x"))
         for model in args.models:
-            worker_args = [
-                "--worker",
-                model,
-                size,
-                "--repeats",
-                str(args.repeats),
-                "--mem-limit-gb",
-                str(args.mem_limit_gb),
-                "--device",
-                args.device,
-            ]
-            result = run_worker("nala_gen.bench.sr_scaling", worker_args)
+            kwargs = {"model": model, "size": size, "repeats": args.repeats, "mem_limit": cap}
+            result = run_fresh("nala_gen.bench.sr_scaling:worker", {**kwargs, "device": args.device})
             row = {"model": model, "size": size, "tokens": h * w, "limit_bytes": limit, **result}
             rows.append(row)
             shown = (
@@ -280,8 +267,7 @@ def profiles(models: list[str], side: int, repeats: int, out: Path) -> int:
 
     result = {"machine": machine_info("cpu"), "lr_side": side, "models": {}}
     for model in models:
-        args = ["peers", "--worker", model, str(side), "profile", "--repeats", str(repeats)]
-        row = run_worker("nala_gen.bench.cli", args)
+        row = run_fresh("nala_gen.bench.sr_scaling:profile_worker", {"model": model, "side": side, "repeats": repeats})
         if "ops" not in row:
             print(f"{model}: {row.get('status')}: {row.get('note', '')}", file=sys.stderr)
             return 1
@@ -403,10 +389,10 @@ def replot(out: Path) -> int:
 def _peer_point(model: str, side: int, args) -> dict:
     """One network at one size in a fresh process: whole, or tiled when whole does not fit the memory cap."""
     result = {}
-    for tiled in ("0", "1"):
-        worker_args = ["peers", "--worker", model, str(side), tiled, "--repeats", str(args.repeats)]
-        worker_args += ["--mem-limit-gb", str(args.mem_limit_gb)]
-        result = run_worker("nala_gen.bench.cli", worker_args, timeout=args.timeout)
+    for tiled in (False, True):
+        kwargs = {"model": model, "side": side, "repeats": args.repeats, "tiled": tiled}
+        kwargs["mem_limit"] = int(args.mem_limit_gb * 2**30)
+        result = run_fresh("nala_gen.bench.sr_scaling:peer_worker", kwargs, timeout=args.timeout)
         if result["status"] != "oom":
             break
     return result
@@ -473,18 +459,10 @@ def peers_main(argv: list[str] | None = None) -> int:
         help="time nothing: redraw sr_peers.png and its PSNR figures from the existing sr_peers.json and the current "
         "sr_ablation.json (after more equal-budget trainings have finished)",
     )
-    parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SIDE", "TILED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     limit = int(args.mem_limit_gb * 2**30)
     if args.replot:
         return replot(args.out)
-    if args.worker:
-        model, side, tiled = args.worker
-        if tiled == "profile":
-            print(json.dumps(profile_worker(model, int(side), args.repeats)))
-        else:
-            print(json.dumps(peer_worker(model, int(side), args.repeats, limit, tiled == "1")))
-        return 0
     if args.profile:
         return profiles(args.profile, args.sides[0], args.repeats, args.out)
     if "bf16" in args.precisions:

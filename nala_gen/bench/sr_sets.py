@@ -24,7 +24,6 @@ largest image's. The paper measured on a GPU; its own figures are kept in the JS
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -146,20 +145,20 @@ def _subset(paths: list[Path], count: int | None) -> list[Path]:
     return [paths[round(i * (len(paths) - 1) / (count - 1))] for i in range(count)] if count > 1 else paths[:1]
 
 
-def cost_worker(model: str, folder: Path, count: int | None, mem_limit: int) -> dict:
+def cost_worker(model: str, folder: str | Path, count: int | None, mem_limit: int) -> dict:
     """One network on one set's x4 LR images in this (fresh) process: per image the latency of one whole pass and
     the peak memory above the process before it; an image that does not fit under ``mem_limit`` is recorded as
     out of memory and the next one runs."""
     import numpy as np
     import torch
 
-    from nala_gen.bench.common import limit_memory
+    from nala_gen.bench.worker import limit_memory
     from nala_gen.profiling import PeakMemory, current_rss
     from nala_gen.sr.data import list_images, read_rgb
     from nala_gen.sr.loading import load_sr_model
 
     net = load_sr_model(COST_MODELS[model], 4)[0].eval().to(memory_format=torch.channels_last)
-    paths = _subset(list_images(folder / "LRbicx4"), count)
+    paths = _subset(list_images(Path(folder) / "LRbicx4"), count)
     images = [torch.from_numpy(np.ascontiguousarray(read_rgb(p).transpose(2, 0, 1))).float().div(255) for p in paths]
     limit_memory(mem_limit)
     rows = []
@@ -198,7 +197,8 @@ def summarise(images: list[dict]) -> dict:
 
 
 def cost_main(argv: list[str] | None = None) -> int:
-    from nala_gen.bench.common import machine_info, run_stamp, run_worker, write_json
+    from nala_gen.bench.common import machine_info, run_stamp, write_json
+    from nala_gen.bench.worker import run_fresh
     from nala_gen.fileio import check_writable
     from nala_gen.sr.data import list_images
 
@@ -217,13 +217,8 @@ def cost_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mem-limit-gb", type=float, default=20.0, help="memory cap per worker (GiB)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per worker")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--worker", nargs=3, metavar=("MODEL", "FOLDER", "COUNT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     limit = int(args.mem_limit_gb * 2**30)
-    if args.worker:
-        model, folder, count = args.worker
-        print(json.dumps(cost_worker(model, Path(folder), int(count) or None, limit)))
-        return 0
     counts = {}
     for spec in args.subset:
         name, _, number = spec.partition(":")
@@ -248,9 +243,8 @@ def cost_main(argv: list[str] | None = None) -> int:
         measured: dict[str, list[dict]] = {m: [] for m in args.models}
         for round_index in range(max(1, args.rounds)):
             for model in args.models if round_index % 2 == 0 else args.models[::-1]:
-                worker_args = ["sr-sets-cost", "--worker", model, str(folder), str(counts.get(name, 0))]
-                worker_args += ["--mem-limit-gb", str(args.mem_limit_gb)]
-                measured[model].append(run_worker("nala_gen.bench.cli", worker_args, timeout=args.timeout))
+                kwargs = {"model": model, "folder": str(folder), "count": counts.get(name), "mem_limit": limit}
+                measured[model].append(run_fresh("nala_gen.bench.sr_sets:cost_worker", kwargs, timeout=args.timeout))
         block = result["sets"][name] = {}
         for model, runs in measured.items():
             failed = [r for r in runs if r["status"] != "ok"]

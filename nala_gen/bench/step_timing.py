@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from nala_gen.bench.common import machine_info, run_worker
+from nala_gen.bench.common import machine_info
+from nala_gen.bench.worker import run_fresh
 
 STEPS = ("nalasr_train", "nalasr_upscale", "naladit_sample")
 PATHS = ("fused", "eager")
@@ -114,17 +115,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", nargs="+", default=list(STEPS), choices=STEPS)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--worker", choices=STEPS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        print(json.dumps(worker(args.worker, args.repeats)))
-        return 0
 
     rows = []
     for step in args.steps:
         for path in PATHS:
             env = {"NALA_GEN_FUSED": "1" if path == "fused" else "0"}
-            result = run_worker("nala_gen.bench.step_timing", ["--worker", step, "--repeats", str(args.repeats)], env)
+            result = run_fresh("nala_gen.bench.step_timing:worker", {"step": step, "repeats": args.repeats}, env)
             rows.append({"step": step, "path": path, **result})
             shown = f"{result['latency_s']:.3f} s" if result["status"] == "ok" else result.get("note", "")
             print(f"{step:<16} {path:<6} {shown}", flush=True)

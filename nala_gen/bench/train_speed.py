@@ -26,7 +26,6 @@ Variants (combined with ``+``, e.g. ``channels_last+bf16``):
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -82,7 +81,7 @@ def read_option(option: Path) -> dict:
     }
 
 
-def worker(option: Path, variant: str, steps: int, warmup: int, threads: int, profile: bool = False) -> dict:
+def worker(option: str | Path, variant: str, steps: int, warmup: int, threads: int, profile: bool = False) -> dict:
     """Time ``steps`` training steps of ``variant`` in this process (see the module docstring); with ``profile``,
     then every operator's share of ``steps`` more steps (``torch.profiler``'s self CPU time)."""
     import torch
@@ -154,7 +153,8 @@ def summarise(rows: list[dict], baseline: str = "baseline") -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from nala_gen.bench.common import machine_info, run_stamp, run_worker, write_json
+    from nala_gen.bench.common import machine_info, run_stamp, write_json
+    from nala_gen.bench.worker import run_fresh
     from nala_gen.devices import cpu_flags
     from nala_gen.fileio import check_readable, check_writable
 
@@ -170,24 +170,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="also every operator's share of each variant's step (torch.profiler)"
     )
-    parser.add_argument("--worker", metavar="VARIANT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     check_readable(args.opt, folder=False)
     for variant in args.variants:
         parse_variant(variant)  # a typo is refused before the first process
-    if args.worker:
-        print(json.dumps(worker(args.opt, args.worker, args.steps, args.warmup, args.threads, args.profile)))
-        return 0
     target = check_writable(args.out / f"train_speed{'_' + args.tag if args.tag else ''}.json")
     env = {"OMP_NUM_THREADS": str(args.threads)}
     rows = []
     for round_index in range(max(1, args.rounds)):
         for variant in args.variants if round_index % 2 == 0 else args.variants[::-1]:
-            worker_args = ["train-speed", "--worker", variant, "--opt", str(args.opt), "--steps", str(args.steps)]
-            worker_args += ["--warmup", str(args.warmup), "--threads", str(args.threads)]
-            worker_args += ["--profile"] if args.profile else []
+            kwargs = {"option": str(args.opt), "variant": variant, "steps": args.steps, "warmup": args.warmup}
+            kwargs.update({"threads": args.threads, "profile": args.profile})
             variant_env = {**env, **({"NALA_GEN_FUSED": "0"} if parse_variant(variant)["eager"] else {})}
-            result = run_worker("nala_gen.bench.cli", worker_args, env=variant_env, timeout=3600)
+            result = run_fresh("nala_gen.bench.train_speed:worker", kwargs, env=variant_env, timeout=3600)
             rows.append({"variant": variant, "round": round_index, **result})
             shown = (
                 f"{result['step_s']:.3f} s/step  {result['samples_per_s']:.2f} samples/s  (batch {result['batch']}, "

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from nala_gen.bench.common import machine_info
+from nala_gen.bench.worker import FreshProcess, failed
 
 PATHS = {  # name -> (io_threads, batch, processes)
     "sequential": (0, "1", 1),
@@ -130,19 +129,17 @@ def point(model: str, folder: Path, path: str, count: int) -> dict:
     io_threads, batch, world = PATHS[path]
     if path == "video":
         folder = folder.with_suffix(".mp4")
-    procs = []
     with tempfile.TemporaryDirectory() as out:
-        for rank in range(world):
-            cmd = [sys.executable, "-m", "nala_gen.bench.upscale_folder", "--worker", model, str(folder), out]
-            cmd += [str(io_threads), batch, str(rank), str(world)]
-            env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if world > 1 else {})}
-            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-        results = []
-        for proc in procs:
-            stdout, stderr = proc.communicate(timeout=3600)
-            if proc.returncode:
-                raise RuntimeError(f"worker failed: {stderr.strip().splitlines()[-1:]}")
-            results.append(json.loads(stdout.strip().splitlines()[-1]))
+        kwargs = {"model": model, "folder": str(folder), "out": out, "io_threads": io_threads, "batch": batch}
+        env = {"OMP_NUM_THREADS": "1"} if world > 1 else {}
+        procs = [  # all started before any is waited on: side by side
+            FreshProcess("nala_gen.bench.upscale_folder:worker", {**kwargs, "rank": rank, "world": world}, env)
+            for rank in range(world)
+        ]
+        results = [proc.result(timeout=3600) for proc in procs]
+        for result in results:
+            if failed(result):
+                raise RuntimeError(f"worker {result['status']}: {result['note']}")
     wall = max(r["end"] for r in results) - min(r["start"] for r in results)
     images = sum(r["images"] for r in results)
     if images != count or any(r["failures"] for r in results):
@@ -183,12 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--worker", nargs=7, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        model, folder, out, io_threads, batch, rank, world = args.worker
-        print(json.dumps(worker(model, folder, out, int(io_threads), batch, int(rank), int(world))))
-        return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for spec in args.sets:

@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from nala_gen.bench.common import machine_info, run_worker
+from nala_gen.bench.common import machine_info
+from nala_gen.bench.worker import run_fresh
 
 PHASES = ("import torch", "import nala_gen", "load weights", "build engine (graph)", "decode", "plan (probes)")
 
@@ -169,11 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--side", type=int, default=256, help="square LR input side (256: 1 MP out at x4)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "PATH"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        print(json.dumps(phase_worker(*args.worker, args.repeats)))
-        return 0
 
     from PIL import Image
 
@@ -190,8 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             first.append(cli_run(args.model, src, folder / "out.png", cache))
             cached.append(cli_run(args.model, src, folder / "out.png", cache))
             env = {"NALA_GEN_PROBE_CACHE": "off"}
-            worker_args = ["--worker", args.model, str(src), "--repeats", str(args.repeats)]
-            worker = run_worker("nala_gen.bench.upscale_overhead", worker_args, env)
+            kwargs = {"model": args.model, "path": str(src), "repeats": args.repeats}
+            worker = run_fresh("nala_gen.bench.upscale_overhead:phase_worker", kwargs, env)
             if worker["status"] != "ok":
                 raise RuntimeError(f"phase worker: {worker}")
             workers.append(worker)

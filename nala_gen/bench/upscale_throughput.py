@@ -28,14 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nala_gen.bench.common import (
-    limit_memory,
-    machine_info,
-    rows_not_rerun,
-    run_stamp,
-    run_worker,
-    write_cost_results,
-)
+from nala_gen.bench.common import machine_info, rows_not_rerun, run_stamp, write_cost_results
+from nala_gen.bench.worker import limit_memory, run_fresh
 
 MODELS = ("nalasr-light-x4", "esrt-x4")
 SIDES = (125, 250, 500)  # LR sides: 0.25, 1 and 4 megapixels out at x4
@@ -118,11 +112,10 @@ def merged_rows(previous: list[dict], rows: list[dict]) -> list[dict]:
 
 def point(args, model: str, engine: str, onnx: str | None, tile: str, side: int, limit: int) -> dict:
     """One fresh worker process: (model, engine, tile, side) -> its row."""
-    worker_args = ["--worker", model, str(side), tile, "--repeats", str(args.repeats)]
-    worker_args += ["--memory-budget-mb", str(args.memory_budget_mb), "--device", args.device]
-    worker_args += ["--mem-limit-gb", str(args.mem_limit_gb)] + (["--onnx", onnx] if onnx else [])
+    kwargs = {"model": model, "side": side, "tile": tile, "repeats": args.repeats}
+    kwargs.update({"budget_mb": args.memory_budget_mb, "device": args.device, "mem_limit": limit, "onnx": onnx})
     env = {"NALA_GEN_FUSED": "0" if engine == "torch_eager" else "1"}
-    result = run_worker("nala_gen.bench.upscale_throughput", worker_args, env, timeout=args.timeout)
+    result = run_fresh("nala_gen.bench.upscale_throughput:worker", kwargs, env, timeout=args.timeout)
     series = f"{model}, tile {tile}" + (f", {engine}" if engine != "torch" else "")
     row = {"model": model, "engine": engine, "tile": tile, "series": series, "lr_side": side, "run": args.run}
     row.update({"tokens": side * side, "limit_bytes": limit, **result})
@@ -160,16 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="rerun only --models x --engines and keep the other rows of the existing upscale_throughput.json",
     )
-    parser.add_argument("--worker", nargs=3, metavar=("MODEL", "SIDE", "TILE"), help=argparse.SUPPRESS)
-    parser.add_argument("--onnx", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     limit = int(args.mem_limit_gb * 2**30)
-
-    if args.worker:
-        model, side, tile = args.worker
-        result = worker(model, int(side), tile, args.repeats, args.memory_budget_mb, args.device, limit, args.onnx)
-        print(json.dumps(result))
-        return 0
 
     args.run = run_stamp()
     rows = []

@@ -21,7 +21,8 @@ import time
 from functools import partial
 from pathlib import Path
 
-from nala_gen.bench.common import machine_info, run_stamp, run_worker
+from nala_gen.bench.common import machine_info, run_stamp
+from nala_gen.bench.worker import run_fresh
 
 # (in, out, LR side) of NaLaSR-light's Winograd convolutions at 1 MP out: its residual units' 32 -> 16 and 16 -> 32
 # and the ARFBs' 32 -> 32 (at full and pooled resolution), the transformer's two 32 -> 160
@@ -149,17 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=8, help="network passes with the kernels on, and as many off")
     parser.add_argument("--repeats", type=int, default=15, help="calls of each convolution per shape")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
-    parser.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker:
-        kind, *rest = args.worker
-        if kind == "shapes":
-            print(json.dumps(shapes_worker(args.repeats)))
-        else:
-            print(json.dumps(network_worker(rest[0], int(rest[1]), args.rounds)))
-        return 0
-    module = "nala_gen.bench.winograd_speed"
-    shapes = run_worker(module, ["--worker", "shapes", "--repeats", str(args.repeats)])
+    shapes = run_fresh("nala_gen.bench.winograd_speed:shapes_worker", {"repeats": args.repeats})
     if shapes["status"] != "ok":
         print(f"winograd: {shapes['status']}: {shapes.get('note', '')}")
         return 1
@@ -169,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     networks = []
     for model in args.models:
         for side in args.sides:
-            row = run_worker(module, ["--worker", "network", model, str(side), "--rounds", str(args.rounds)])
+            kwargs = {"model": model, "side": side, "rounds": args.rounds}
+            row = run_fresh("nala_gen.bench.winograd_speed:network_worker", kwargs)
             if row["status"] != "ok":
                 print(f"{model} at {side}: {row['status']}: {row.get('note', '')}")
                 return 1
