@@ -340,3 +340,22 @@ def test_neutral_parts_start_as_attention_then_layer_norm_and_still_learn():
     out.square().mean().backward()
     assert block.lepe.weight.grad.abs().max() > 0  # both parts move from the first step
     assert block.qkvg.weight.grad[3 * 32 :].abs().max() > 0
+
+
+def test_every_registered_method_runs_as_its_kernel_or_softmax_and_states_its_memory():
+    from nala_gen.attention.registry import METHODS, explicit_bytes, linear_flops, method_fn, method_kernel
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    softmax = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    for method in METHODS:
+        if method.endswith("_compiled"):
+            continue  # torch.compile's first call is slow; test_compiled_feature_map_matches_eager covers it
+        out = method_fn(method, q, k, v)()
+        if method.startswith("softmax"):
+            assert torch.allclose(out, softmax, atol=1e-5), method
+        else:
+            assert torch.allclose(out, linear_attention(q, k, v, kernel=method_kernel(method)), atol=1e-5), method
+            assert linear_flops(method, 16, 2, 8) > 0
+    assert method_kernel("nala_eager") == method_kernel("nala_compiled") == "nala"
+    assert explicit_bytes(16, 2) == 2 * 2 * 16 * 16 * 4  # scores and their softmax, fp32

@@ -39,7 +39,7 @@ def needs_bytes(method: str, tokens: int, heads: int = HEADS) -> int | None:
     Explicit softmax keeps two (heads, N, N) matrices (scores and their softmax); ESRT's split attention keeps two
     (heads, N/s, N/s) ones of one segment at a time.
     """
-    from nala_gen.bench.attention_scaling import explicit_bytes
+    from nala_gen.attention.registry import explicit_bytes
 
     if method == "softmax_explicit":
         return explicit_bytes(tokens, heads)
@@ -131,7 +131,7 @@ def _grid(tokens: int) -> tuple[int, int]:
 def _live_fn(method: str, tokens: int):
     import torch
 
-    from nala_gen.bench.attention_scaling import method_fn
+    from nala_gen.attention.registry import method_fn
     from nala_gen.sr.archs.esrt_arch import split_softmax_attention
 
     if method == "naladit_step":

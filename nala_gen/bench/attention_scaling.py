@@ -4,7 +4,8 @@ For every N and method a worker process allocates q, k, v of shape (1, heads, N,
 high-water mark, runs the op once (its peak extra memory is the RSS high-water mark above that baseline; its time
 is kept as ``cold_s``), then times ``repeats`` more runs and reports their median. Explicit softmax is only run
 where its two N x N matrices fit the memory budget; beyond that the result records the memory it would need. The same
-run measures ``torch.mm`` GFLOP/s and copy bandwidth, so ratios are side by side.
+run measures ``torch.mm`` GFLOP/s and copy bandwidth, so ratios are side by side. The methods, their calls and
+their memory and FLOP formulas are :mod:`nala_gen.attention.registry`'s (the app's Scaling tab runs the same ones).
 
     nala-bench attention [--sizes 1024 4096 ...] [--out benchmarks/results]
 """
@@ -22,42 +23,14 @@ from pathlib import Path
 
 import torch
 
-from nala_gen.attention import feature_dim, fused, linear_attention
+from nala_gen.attention import fused
+from nala_gen.attention.registry import COMPILED, EAGER, METHODS, explicit_bytes, linear_flops, method_fn
 from nala_gen.bench.common import machine_info, write_cost_results
 from nala_gen.bench.worker import run_fresh
 from nala_gen.profiling import PeakMemory, synchronize
 
 SIZES = (1024, 4096, 16384, 65536, 71680)
-METHODS = ("nala", "nala_eager", "nala_compiled", "nala_split", "relu", "softmax_sdpa", "softmax_explicit")
-COMPILED = "_compiled"  # suffix: the PyTorch path with its feature map fused by torch.compile (fused op off)
-EAGER = "_eager"  # suffix: the same kernel on the PyTorch path (the fused C++ op switched off), i.e. "before"
 EXPLICIT_BUDGET_BYTES = 10 * 2**30
-
-
-def explicit_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) v with the N x N matrix materialised (ESRT-style, eager)."""
-    scores = (q @ k.transpose(-2, -1)) * q.shape[-1] ** -0.5
-    return torch.softmax(scores, dim=-1) @ v
-
-
-def explicit_bytes(n: int, heads: int) -> int:
-    """Scores plus softmax output, fp32: two (heads, N, N) matrices."""
-    return 2 * heads * n * n * 4
-
-
-def method_fn(method: str, q, k, v):
-    if method == "softmax_sdpa":
-        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    if method == "softmax_explicit":
-        return lambda: explicit_softmax(q, k, v)
-    kernel = method.removesuffix(COMPILED).removesuffix(EAGER)
-    return lambda: linear_attention(q, k, v, kernel=kernel, compile=method.endswith(COMPILED))
-
-
-def linear_flops(method: str, n: int, heads: int, d: int) -> int:
-    """Matmul FLOPs of the linear op: key state, query numerator and denominator."""
-    f = feature_dim(method.removesuffix(COMPILED).removesuffix(EAGER), d)
-    return heads * n * (4 * f * d + 2 * f)
 
 
 def timed(fn, device: str) -> float:
