@@ -618,7 +618,7 @@ def upscale_overhead_table() -> str:
 def sr_peer_quality_table() -> str:
     """The peers' equal-budget quality here (sr_ablation.json: the mini val split and, for the runs scored there,
     the photo set's held-out split) beside their published figures (peers.PUBLISHED_X4)."""
-    from nala_gen.sr.archs.peers import PUBLISHED_X4
+    from nala_gen.bench.peers import PUBLISHED_X4
 
     data = json.loads((RESULTS / "sr_ablation.json").read_text())
     variants = {e["variant"]: e for e in data["variants"]}

@@ -144,7 +144,7 @@ def test_sr_ablation_peers_are_basicsr_networks_at_their_published_sizes():
     from nala_gen.sr.loading import build_arch
 
     base = yaml.safe_load(sr_ablation.BASE_OPTION.read_text())
-    from nala_gen.sr.archs.peers import peer_network
+    from nala_gen.bench.peers import peer_network
 
     # 1.21 M, 1.52 M, 0.93 M, 16.7 M as published
     expected = {"srvgg": 1_213_296, "edsr": 1_517_571, "swinir": 929_628, "rrdb": 16_697_987}
@@ -494,7 +494,7 @@ def test_dit_ablation_trains_scores_adopts_and_reports_on_a_tiny_budget(tmp_path
 
 
 def test_every_network_on_the_board_has_a_published_entry_with_its_source():
-    from nala_gen.sr.archs.peers import PEERS, PUBLISHED_X4
+    from nala_gen.bench.peers import PEERS, PUBLISHED_X4
 
     assert set(PUBLISHED_X4) == {*PEERS, "nalasr", "esrt"}
     for entry in PUBLISHED_X4.values():

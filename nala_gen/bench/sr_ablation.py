@@ -38,7 +38,7 @@ from pathlib import Path
 import yaml
 
 from nala_gen.bench.ablation_runs import Busy, run_lock, seed_statistics, write_row
-from nala_gen.sr.archs.peers import PEERS, peer_network
+from nala_gen.bench.peers import PEERS, peer_network
 
 BASE_OPTION = Path("options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml")
 ESRT_NETWORK = {"type": "ESRT", "upscale": 4, "num_feat": 32, "num_block": 3, "num_et": 1, "num_heads": 8}

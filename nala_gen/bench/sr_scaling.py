@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 
 from nala_gen.bench.common import machine_info, rows_not_rerun, run_stamp, write_cost_results
+from nala_gen.bench.peers import PEERS, peer_network
 from nala_gen.bench.worker import limit_memory, run_fresh
 from nala_gen.profiling import PeakMemory
-from nala_gen.sr.archs.peers import PEERS, peer_network
 
 SIZES = ("64x64", "128x128", "192x192", "256x280", "320x320")
 MODELS = ("nalasr", "esrt", "swinir")

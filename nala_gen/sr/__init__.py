@@ -2,7 +2,7 @@
 
 Laid out by job, as BasicSR lays out its package:
 
-* :mod:`nala_gen.sr.archs`: the networks, one ``*_arch.py`` each (torch only), and the peers' BasicSR settings;
+* :mod:`nala_gen.sr.archs`: the networks, one ``*_arch.py`` each (torch only);
 * :mod:`nala_gen.sr.basicsr`: ``import nala_gen.sr.basicsr`` registers NaLaSR, ESRT and SRVGGNetCompactZeroInit in
   BasicSR's ``ARCH_REGISTRY`` and :class:`~nala_gen.sr.basicsr.model.UpscalerSRModel` in its ``MODEL_REGISTRY``;
   ``nala_gen.sr.train`` / ``nala_gen.sr.test`` are BasicSR's entry points with them;

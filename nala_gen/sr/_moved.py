@@ -17,7 +17,9 @@ MOVED = {
     "nala_gen.sr.esrt_arch": "nala_gen.sr.archs.esrt_arch",
     "nala_gen.sr.nalasr_arch": "nala_gen.sr.archs.nalasr_arch",
     "nala_gen.sr.srvgg_zero_init_arch": "nala_gen.sr.archs.srvgg_zero_init_arch",
-    "nala_gen.sr.peers": "nala_gen.sr.archs.peers",
+    "nala_gen.sr.peers": "nala_gen.bench.peers",
+    # the peer board's registry (other networks to compare against) belongs to the benchmarks
+    "nala_gen.sr.archs.peers": "nala_gen.bench.peers",
     "nala_gen.sr._compat": "nala_gen.sr.basicsr",
     "nala_gen.sr.basicsr_registry": "nala_gen.sr.basicsr",
     "nala_gen.sr.basicsr_model": "nala_gen.sr.basicsr.model",

@@ -4,8 +4,9 @@
 * :mod:`.esrt_arch`: ESRT as published (torch only);
 * :mod:`.srvgg_zero_init_arch`: BasicSR's SRVGGNetCompact with a trainable-from-scratch init (imports BasicSR);
 * :mod:`.fast`: the fast inference form that an ESRT-layout network builds and its own ``forward`` runs in inference
-  (:mod:`.esrt_layers`: the small layers both share);
-* :mod:`.peers`: the BasicSR settings of the networks NaLaSR is compared with.
+  (:mod:`.esrt_layers`: the small layers both share).
+
+The BasicSR settings of the networks NaLaSR is compared with are the benchmarks' (:mod:`nala_gen.bench.peers`).
 
 None is registered at import: ``import nala_gen.sr.basicsr`` puts them in BasicSR's ``ARCH_REGISTRY``, so the
 upscaler, spandrel and ONNX paths never import BasicSR.
