@@ -1107,6 +1107,7 @@ TABLES = (
     Table("sr-ablation", ("sr_ablation.json",), sr_ablation_table),
     Table("sr-ablation-500it", ("sr_ablation_500it.json",), lambda: sr_ablation_table("sr_ablation_500it.json")),
     Table("dit-ablation", ("dit_ablation.json",), dit_ablation_table),
+    Table("dit-ablation-parts", ("dit_ablation_3000st.json",), lambda: dit_ablation_table("dit_ablation_3000st.json")),
     Table("digits-quality", ("digits_quality.json",), digits_quality_table),
     Table("gpu", GPU_FILES, gpu_table),
 )
