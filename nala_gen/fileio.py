@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import re
-import tempfile
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,17 +23,6 @@ from typing import BinaryIO
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff", ".webp")
 # Videos nala-sr upscales frame by frame (nala_gen.sr.jobs.video), by suffix.
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi")
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)  # the only portable way to read it is to set it and put it back
-    os.umask(mask)
-    return mask
-
-
-# Read once at import: flipping the umask on every write would also open a window in which another thread's new
-# files get mode 0666 (the app writes from worker threads).
-_UMASK = _current_umask()
 
 
 class PathError(OSError):
@@ -174,34 +163,59 @@ def check_writable(path: str | Path, folder: bool = False) -> Path:
     return path
 
 
-@contextmanager
-def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
-    """``with atomic_file(path) as f: f.write(...)``: the file appears at ``path`` only when the block completes.
+def _temporary_name(path: Path) -> Path:
+    """A fresh hidden name beside ``path`` for its temporary file (64 random bits)."""
+    return path.parent / f".{path.name}.{secrets.token_hex(8)}.part"
 
-    Written through a temporary file beside it and ``os.replace``; on any error or interruption the temporary
-    file is removed and ``path`` is left as it was. The file gets the permissions a plain ``open(path, "wb")``
-    would give (0666 less the umask), not the owner-only 0600 of ``mkstemp``.
+
+@contextmanager
+def temporary_beside(path: str | Path) -> Iterator[tuple[int, Path]]:
+    """``with temporary_beside(path) as (fd, tmp):`` a new file ``.<name>.<random>.part`` in ``path``'s folder,
+    created exclusively with the permissions a plain ``open(path, "wb")`` would give (0666 less the umask, not
+    ``mkstemp``'s owner-only 0600). It is removed when the block ends unless the block renamed it away; ``fd``
+    is the caller's to close (``os.fdopen`` takes it over).
+
+    The name is chosen before the file is created and the removal covers the creation itself: a signal handler
+    (Ctrl-C, SIGTERM) may raise between any two bytecodes, also between ``os.open`` returning and a ``try``
+    that would follow it, and ``tempfile.mkstemp`` leaves its file behind then.
     """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise PathError(path_problem(err)) from None
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    tmp = _temporary_name(path)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    except OSError as err:  # named by its folder, not by the temporary file's random name
-        raise PathError(path_problem(err, path.parent)) from None
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)
+        while True:
+            try:
+                fd = os.open(tmp, flags, 0o666)  # the kernel applies the umask
+                break
+            except FileExistsError:  # another file by that name: not ours to remove, take another name
+                tmp = _temporary_name(path)
+            except OSError as err:  # named by its folder, not by the temporary file's random name
+                raise PathError(path_problem(err, path.parent)) from None
+        yield fd, tmp
+    finally:
+        tmp.unlink(missing_ok=True)  # gone already when the block renamed it into place
+
+
+@contextmanager
+def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
+    """``with atomic_file(path) as f: f.write(...)``: the file appears at ``path`` only when the block completes.
+
+    Written through a temporary file beside it (:func:`temporary_beside`) and ``os.replace``; on any error or
+    interruption the temporary file is removed and ``path`` is left as it was. The file gets the permissions a
+    plain ``open(path, "wb")`` would give (0666 less the umask).
+    """
+    path = Path(path)
+    with temporary_beside(path) as (fd, tmp):
         with os.fdopen(fd, "wb") as f:
             yield f
         try:
             os.replace(tmp, path)
         except OSError as err:  # e.g. a folder where the file would go
             raise PathError(path_problem(err, path)) from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def write_atomic(path: str | Path, data: bytes) -> Path:

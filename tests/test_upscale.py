@@ -395,3 +395,48 @@ def test_a_window_attention_network_takes_any_size(size):
     with torch.no_grad():
         ref = net(padded)[0, :, : 2 * h, : 2 * w].clamp(0, 1).permute(1, 2, 0).numpy()
     assert np.abs(out.astype(np.float64) - np.round(ref * 255)).max() <= 1
+
+
+def _interrupt_at_opcode(n: int, files: tuple[str, ...]):
+    """A trace function raising KeyboardInterrupt at the ``n``-th opcode run in ``files`` (as a signal handler
+    can, between any two bytecodes of the main thread)."""
+    count = 0
+
+    def trace(frame, event, arg):
+        nonlocal count
+        if not frame.f_code.co_filename.endswith(files):
+            return None
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            count += 1
+            if count == n:
+                raise KeyboardInterrupt
+        return trace
+
+    return trace
+
+
+def test_an_interruption_at_any_bytecode_of_an_atomic_write_leaves_no_temporary_file(tmp_path):
+    # A fresh clone's CI once found a `.part` left by a SIGTERM that landed between `mkstemp` creating the file
+    # and the `try` that removes it. Raise at every opcode of the write in turn, as a signal handler may.
+    import sys
+
+    from nala_gen.fileio import write_atomic
+
+    target = tmp_path / "out.bin"
+    interrupted = 0
+    for n in range(1, 5000):
+        sys.settrace(_interrupt_at_opcode(n, ("fileio.py", "contextlib.py")))
+        try:
+            write_atomic(target, b"data")
+        except KeyboardInterrupt:
+            interrupted += 1
+        else:
+            break
+        finally:
+            sys.settrace(None)
+        # Nothing half-written (an interruption after the rename leaves the whole file) and nothing else left.
+        assert not target.exists() or target.read_bytes() == b"data", n
+        assert [p.name for p in tmp_path.iterdir() if p != target] == [], n
+        target.unlink(missing_ok=True)
+    assert interrupted > 50 and target.read_bytes() == b"data"

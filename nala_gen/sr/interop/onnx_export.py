@@ -17,12 +17,13 @@ exactly as it drives the PyTorch network.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
+
+from nala_gen.fileio import temporary_beside
 
 CHECK_SIZES = ((32, 40), (27, 51), (72, 80))  # (height, width) of the parity check's inputs; the first is traced
 
@@ -79,18 +80,14 @@ def export_onnx(model: nn.Module, path: str | Path, tolerance: float = 1e-4) -> 
             optimize=False,  # onnxruntime optimises the graph itself; onnxscript's pass fails on ESRT's fold
             verbose=False,
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    os.close(fd)
-    try:
-        program.save(tmp)
+    with temporary_beside(path) as (fd, tmp):
+        os.close(fd)
+        program.save(str(tmp))
         try:
-            error = parity(model, tmp)
+            error = parity(model, str(tmp))
         except Exception as err:  # onnxruntime's own errors: the export does not hold at another size
             raise ValueError(f"the ONNX model fails at another input size ({str(err).splitlines()[0][:200]})") from None
         if not np.isfinite(error) or error > tolerance:
             raise ValueError(f"the ONNX model differs from PyTorch by {error:.2e} (over {tolerance:g}); not written")
         os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
     return error
