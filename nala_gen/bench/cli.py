@@ -27,6 +27,8 @@ import json
 import sys
 from pathlib import Path
 
+from nala_gen.bench.tables import Table, load, row
+
 
 def entropy(argv: list[str]) -> int:
     from nala_gen.attention import entropy_vs_query_norm, kernel_names
@@ -88,3 +90,27 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------------------------ tables
+# The docs' tables of the JSON this module writes, declared for scripts/results_tables.py.
+
+
+def entropy_random_table(norms: tuple[float, ...] = (0.25, 1.0, 2.0, 4.0, 8.0)) -> str:
+    """Entropy of one fixed query direction at growing norms, against fixed random keys, per kernel."""
+    data = load("entropy_vs_query_norm.json")
+    lines = [
+        "Attention entropy (nats) of one query direction scaled to each norm, against the same random keys "
+        "(`nala-bench entropy`).",
+        "",
+        "| kernel | " + " | ".join(f"‖q‖ = {n:g}" for n in norms) + " | change |",
+        "|---|" + "---|" * (len(norms) + 1),
+    ]
+    for kernel, series in data.items():
+        at = dict(zip(series["norm"], series["entropy"]))
+        cells = [f"{at[n]:.3f}" for n in norms]
+        lines.append(row(f"`{kernel}`", *cells, f"{at[norms[-1]] - at[norms[0]]:+.3f}"))
+    return "\n".join(lines)
+
+
+TABLES = (Table("entropy-random", ("entropy_vs_query_norm.json",), entropy_random_table),)

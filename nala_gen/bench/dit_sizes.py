@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from nala_gen.bench.common import machine_info
+from nala_gen.bench.tables import Table, cores, load, row
 from nala_gen.bench.worker import run_fresh
 
 MODELS = ("naladit-digits", "naladit-digits-softmax")
@@ -142,3 +143,33 @@ def rounds_s(rows: list[dict], model: str, side: int) -> list[float]:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------------------------ tables
+# The docs' tables of the JSON this module writes, declared for scripts/results_tables.py.
+
+
+def dit_sizes_table() -> str:
+    """One DDPM step of NaLaDiT and its softmax twin as the image grows (nala-bench dit-sizes)."""
+    data = load("dit_sizes.json")
+    rows = {(r["model"], r["side"]): r for r in data["rows"] if r["status"] == "ok"}
+    models = list(dict.fromkeys(r["model"] for r in data["rows"]))
+    sides = sorted({r["side"] for r in data["rows"]})
+    lines = [
+        f"One step (a CFG batch of {data['cfg_batch']}: the transformer's call and the scheduler's step), fp32, "
+        f"{cores(data['machine'])}; median of {data['repeats']} steps per process, the median of "
+        f"{data['rounds']} processes per point with the models alternated round by round.",
+        "",
+        "| image side | tokens | " + " | ".join(f"`{m}`" for m in models) + " | softmax / NaLa, by round |",
+        "|---|---|" + "---|" * len(models) + "---|",
+    ]
+    for side in sides:
+        cells = [f"{rows[(m, side)]['latency_s'] * 1e3:.1f} ms" if (m, side) in rows else "–" for m in models]
+        ratios = sorted(data.get("ratio_rounds", {}).get(str(side), []))
+        shown = f"{ratios[(len(ratios) - 1) // 2]:.2f}× ({', '.join(f'{x:.2f}' for x in ratios)})" if ratios else "–"
+        tokens = next((rows[(m, side)]["tokens"] for m in models if (m, side) in rows), "–")
+        lines.append(row(f"{side} px", f"{tokens:,}" if tokens != "–" else tokens, *cells, shown))
+    return "\n".join(lines)
+
+
+TABLES = (Table("dit-sizes", ("dit_sizes.json",), dit_sizes_table),)

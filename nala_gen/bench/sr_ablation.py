@@ -38,7 +38,8 @@ from pathlib import Path
 import yaml
 
 from nala_gen.bench.ablation_runs import Busy, run_lock, seed_statistics, write_row
-from nala_gen.bench.peers import PEERS, peer_network
+from nala_gen.bench.peers import PEERS, PUBLISHED_X4, peer_network
+from nala_gen.bench.tables import Table, load, row
 
 BASE_OPTION = Path("options/train/NaLaSR/train_NaLaSR_light_x4_mini.yml")
 ESRT_NETWORK = {"type": "ESRT", "upscale": 4, "num_feat": 32, "num_block": 3, "num_et": 1, "num_heads": 8}
@@ -325,3 +326,101 @@ def main(argv: list[str] | None = None) -> int:
     plot(stats, rows, summary["bicubic"]["psnr"], args.iters, args.out / f"{stem}.png")
     print(f"wrote {args.out / stem}.json and .png")
     return 0
+
+
+# ------------------------------------------------------------------------------------------------ tables
+# The docs' tables of the JSON this module writes, declared for scripts/results_tables.py.
+
+
+def sr_ablation_table(name: str = "sr_ablation.json") -> str:
+    data = load(name)
+    bic = data["bicubic"]
+    variants = data.get("variants") or [{**r, "seeds": [r.get("seed", 0)], "psnr_std": None} for r in data["runs"]]
+    lines = [
+        f"NaLaSR-light x4, {data['budget']['iters']} iterations per run from `{data['budget']['base_option']}` "
+        f"(batch 8, LR patch 32, only the variant's `network_g` fields and the seed changed; `emha` is ESRT); "
+        f"PSNR/SSIM on Y, crop 4, `{data['budget']['val_data']}`; mean ± sample standard deviation over the seeds; "
+        f"Δ against `{data.get('reference', 'nala')}` with its standard error (* beyond two).",
+        "",
+        "| variant | network_g change | seeds | PSNR (Y) | SSIM (Y) | vs bicubic | Δ PSNR vs nala |",
+        "|---|---|---|---|---|---|---|",
+        f"| (bicubic) | – | – | {bic['psnr']:.2f} | {bic['ssim']:.4f} | – | |",
+    ]
+    for e in variants:
+        change = ", ".join(f"{k}: {v}" for k, v in e["network_g"].items()) if e["network_g"] else "(the default)"
+        if "type" in e["network_g"]:  # a whole network: ESRT, or a peer from BasicSR
+            change = e["network_g"]["type"] + ("" if e["network_g"]["type"] == "ESRT" else " (BasicSR)")
+        spread = f" ± {e['psnr_std']:.2f}" if e.get("psnr_std") is not None else ""
+        ssim_spread = f" ± {e['ssim_std']:.4f}" if e.get("ssim_std") is not None else ""
+        delta = ""
+        if "psnr_vs_reference" in e:
+            star = "*" if e["psnr_beyond_two_se"] else ""
+            delta = f"{e['psnr_vs_reference']:+.2f} ± {e['psnr_vs_reference_se']:.2f}{star}"
+        lines.append(
+            f"| {e['variant']} | {change} | {len(e['seeds'])} | {e['psnr']:.2f}{spread} | {e['ssim']:.4f}{ssim_spread} "
+            f"| {e['psnr'] - bic['psnr']:+.2f} dB | {delta} |"
+        )
+    return "\n".join(lines)
+
+
+def sr_peer_quality_table() -> str:
+    """The peers' equal-budget quality here (sr_ablation.json: the mini val split and, for the runs scored there,
+    the photo set's held-out split) beside their published figures (peers.PUBLISHED_X4)."""
+    data = load("sr_ablation.json")
+    variants = {e["variant"]: e for e in data["variants"]}
+    photos = data.get("photos")
+    on_photos = {e["variant"]: e for e in photos["variants"]} if photos else {}
+    board = [
+        ("nalasr", "nala"),
+        ("esrt", "emha"),
+        ("srvgg (BasicSR's init)", "srvgg"),
+        ("srvgg (zero-init last conv)", "srvgg_zero_init"),
+        ("edsr", "edsr"),
+        ("swinir", "swinir"),
+        ("rrdb", None),
+    ]
+    photo_note = (
+        f" The held-out photos (`{photos['val_data']}`, `nala-bench sr-ablation --photos`: the same trained "
+        f"weights; bicubic {photos['bicubic']['psnr']:.2f} / {photos['bicubic']['ssim']:.4f}) are pictures of "
+        "another kind and size than the ten training photos."
+        if photos
+        else " The photo set's held-out split: not scored yet (`nala-bench sr-ablation --photos`)."
+    )
+    lines = [
+        f"Here: {data['budget']['iters']} iterations each, trained exactly as NaLaSR (`nala-bench sr-ablation`), "
+        f"PSNR/SSIM on Y of `{data['budget']['val_data']}`, mean ± sd over the seeds.{photo_note} Published: the "
+        "papers' own x4 figures on Set5 and Urban100 (trained on DIV2K or DF2K for hundreds of thousands of "
+        "iterations; not measured here, not comparable with the columns before them).",
+        "",
+        "| network | here: PSNR / SSIM (seeds) | here, held-out photos | published Set5 x4 | published Urban100 x4 "
+        "| published source |",
+        "|---|---|---|---|---|---|",
+    ]
+
+    def shown(pair):
+        return "–" if pair is None else f"{pair[0]:.2f} / {pair[1]:.4f}"
+
+    def measured(e, prefix=""):
+        sd = f" ± {e[prefix + 'psnr_std']:.2f}" if e.get(prefix + "psnr_std") is not None else ""
+        return f"{e[prefix + 'psnr']:.2f}{sd} / {e[prefix + 'ssim']:.4f} ({len(e['seeds'])})"
+
+    for label, variant in board:
+        network = label.split()[0]
+        e = variants.get(variant)
+        if e is None:
+            here = "not trained (speed only)" if variant is None else "not trained yet"
+        else:
+            here = measured(e)
+        there = measured(on_photos[variant], "photos_") if variant in on_photos else "–"
+        published = PUBLISHED_X4[network]
+        lines.append(
+            row(label, here, there, shown(published["set5"]), shown(published["urban100"]), published["source"])
+        )
+    return "\n".join(lines)
+
+
+TABLES = (
+    Table("sr-ablation", ("sr_ablation.json",), sr_ablation_table),
+    Table("sr-ablation-500it", ("sr_ablation_500it.json",), lambda: sr_ablation_table("sr_ablation_500it.json")),
+    Table("sr-peer-quality", ("sr_ablation.json",), sr_peer_quality_table),
+)

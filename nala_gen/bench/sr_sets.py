@@ -27,7 +27,10 @@ import argparse
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
+
+from nala_gen.bench.tables import captioned, cores
 
 SETS = ("Set5", "Set14", "B100", "Urban100")
 PREPARE = "nala-sr prepare benchmarks SRC (e.g. ../shared/datasets/benchmark)"
@@ -276,7 +279,7 @@ if __name__ == "__main__":
 
 
 # ------------------------------------------------------------------------------------------------ tables
-# The docs' tables of these two commands (scripts/results_tables.py renders them from the JSON they write).
+# The docs' tables of the JSON these two commands write, declared for scripts/results_tables.py.
 
 
 def _cell(psnr: float, ssim: float) -> str:
@@ -361,3 +364,33 @@ def cost_table(result: dict) -> str:
     ]
     lines.append("| saved (paper, GPU) | " + " | ".join(paper_saved) + " |")
     return "\n".join(lines)
+
+
+def quality_caption(result: dict, scale: str) -> str:
+    return (
+        f"`nala-bench sr-sets` ({result['run']}; {cores(result['machine'])}): PSNR / SSIM on Y, crop = scale, "
+        f"{scale}. Ours are the shipped weights; the published rows are each paper's own figures for networks "
+        "trained on DIV2K."
+    )
+
+
+def cost_caption(result: dict) -> str:
+    return (
+        f"`nala-bench sr-sets-cost` ({result['run']}; {cores(result['machine'])}, torch {result['machine']['torch']}; "
+        f"each network and set in a fresh process capped at {result['mem_limit_bytes'] / 2**30:.0f} GiB): x4, every "
+        "image whole in one pass, mean latency per image / peak memory above the loaded process (the set's largest)."
+    )
+
+
+TABLES = (
+    *(
+        captioned(
+            f"sr-sets-{scale}",
+            "sr_sets.json",
+            partial(quality_caption, scale=scale),
+            partial(quality_table, scale=scale),
+        )
+        for scale in ("x4", "x2")
+    ),
+    captioned("sr-sets-cost", "sr_sets_cost.json", cost_caption, cost_table),
+)

@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from nala_gen.bench.common import machine_info
+from nala_gen.bench.tables import Table, load, row
 from nala_gen.bench.worker import run_fresh
 
 STEPS = ("nalasr_train", "nalasr_upscale", "naladit_sample")
@@ -143,3 +144,32 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------------------------ tables
+# The docs' tables of the JSON this module writes, declared for scripts/results_tables.py.
+
+
+def step_timing_table() -> str:
+    data = load("step_timing.json")
+    rows = {(r["step"], r["path"]): r for r in data["rows"] if r["status"] == "ok"}
+    lines = [
+        f"Median of {data['repeats']} runs after a warm-up, fresh process each; fused = the default, eager = "
+        "`NALA_GEN_FUSED=0`.",
+        "",
+        "| step | fused | eager (before) | eager / fused |",
+        "|---|---|---|---|",
+    ]
+    for step, ratio in data["eager_over_fused"].items():
+        lines.append(
+            row(
+                f"`{step}`",
+                f"{rows[(step, 'fused')]['latency_s']:.3f} s",
+                f"{rows[(step, 'eager')]['latency_s']:.3f} s",
+                f"{ratio:.2f}×",
+            )
+        )
+    return "\n".join(lines)
+
+
+TABLES = (Table("step-timing", ("step_timing.json",), step_timing_table),)

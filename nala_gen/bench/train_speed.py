@@ -31,6 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from nala_gen.bench.tables import captioned, cores
+
 DEFAULT_OPTION = Path("options/train/NaLaSR/train_NaLaSR_light_x4_sets.yml")
 VARIANTS = (
     "baseline",
@@ -224,7 +226,7 @@ if __name__ == "__main__":
 
 
 def speed_table(result: dict) -> str:
-    """The docs' table (scripts/results_tables.py renders it from the JSON :func:`main` writes)."""
+    """Each variant's step time and samples per second (the docs' table of the JSON :func:`main` writes)."""
     lines = [
         "| variant | batch × LR patch | s / step | samples / s | × baseline | first step (s) |",
         "|---|---|---|---|---|---|",
@@ -248,3 +250,30 @@ def profile_table(result: dict, top: int = 6) -> str:
         for op in row.get("operators", [])[:top]:
             lines.append(f"| `{variant}` | `{op['op']}` | {op['ms']:.1f} | {op['share']:.0%} |")
     return "\n".join(lines)
+
+
+def speed_caption(result: dict) -> str:
+    machine = result["machine"]
+    bf16 = "with" if {"avx512_bf16", "amx_bf16"} & set(machine["cpu_flags"]) else "without"
+    return (
+        f"`nala-bench train-speed` ({result['run']}; {cores(machine)} ({bf16} native bf16), torch {machine['torch']}, "
+        f"{result['variants']['baseline'].get('threads', 2)} threads; `{result['option']}`): median of "
+        f"{result['steps']} steps after {result['warmup']} untimed ones, each variant a fresh process, "
+        f"{result['rounds']} rounds in alternated order; × baseline is the median of the rounds' ratios."
+    )
+
+
+def profile_caption(result: dict) -> str:
+    return (
+        f"`nala-bench train-speed --profile` ({result['run']}; {cores(result['machine'])}): each variant's six "
+        f"slowest operators by self CPU time over {result['steps']} steps (`torch.profiler`), per step and as a "
+        "share of all operators' time."
+    )
+
+
+# The docs' tables of the JSON main writes, declared for scripts/results_tables.py.
+TABLES = (
+    captioned("train-speed", "train_speed.json", speed_caption, speed_table),
+    captioned("train-profile", "train_speed_profile.json", profile_caption, profile_table),
+    captioned("train-speed-threads1", "train_speed_threads1.json", speed_caption, speed_table),
+)

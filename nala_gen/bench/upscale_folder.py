@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from nala_gen.bench.common import machine_info
+from nala_gen.bench.tables import Table, cores, load, row
 from nala_gen.bench.worker import FreshProcess, failed
 
 PATHS = {  # name -> (io_threads, batch, processes)
@@ -240,3 +241,38 @@ def make_clip(path: Path, seconds: float = 1.0, rate: int = 12, size: tuple[int,
             out.mux(audio.encode(frame))
         out.mux(audio.encode(None))
     return path
+
+
+# ------------------------------------------------------------------------------------------------ tables
+# The docs' tables of the JSON this module writes, declared for scripts/results_tables.py.
+
+
+def upscale_folder_table() -> str:
+    data = load("upscale_folder.json")
+    machine = data["machine"]
+    lines = [
+        f"`{data['model']}`, x4, PNG in and out, `--tile auto` (4 GiB budget); {cores(machine)}, torch "
+        f"{machine['torch']}; median of {data['repeats']} runs, fresh processes, warm-up untimed.",
+        "",
+        "| images | path | threads × processes | wall | images/s | vs sequential | largest batch |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        base = next(b for b in data["rows"] if b["set"] == r["set"] and b["path"] == "sequential")
+        processes = 2 if r["path"] == "2 processes" else 1
+        unit = "frames/s" if r["path"] == "video" else "images/s"
+        lines.append(
+            row(
+                f"{r['images']} × {r['lr_side']}²",
+                r["path"],
+                f"{r['threads_per_process']} × {processes}",
+                f"{r['wall_s']:.1f} s",
+                f"{r['images_per_s']:.2f} {unit}",
+                f"{r['images_per_s'] / base['images_per_s']:.2f}x",
+                r["largest_batch"],
+            )
+        )
+    return "\n".join(lines)
+
+
+TABLES = (Table("upscale-folder", ("upscale_folder.json",), upscale_folder_table),)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from nala_gen.bench.common import machine_info
+from nala_gen.bench.tables import Table, load, row
 from nala_gen.bench.upscale_throughput import sample_input
 
 SIDES = (1500, 3000)
@@ -153,3 +154,38 @@ def plot(result: dict, path: Path) -> None:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------------------------ tables
+# The docs' tables of the JSON this module writes, declared for scripts/results_tables.py.
+
+
+def upscale_memory_table() -> str:
+    data = load("upscale_memory.json")
+    mib = 2**20
+    lines = [
+        f"`nala-sr upscale -m {data['model']} --memory-budget-mb {data['budget_mb']:g}`, x4, one fresh process per "
+        f"job; {data['measure']}; fixed cost (libraries, model, a 32x32 job): {data['fixed_bytes'] / mib:,.0f} MiB.",
+        "",
+        "| LR in | out | process peak | budget + fixed | estimate | tile (tiles) | PNG | time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["rows"]:
+        sides = (f"{r['lr_side']}²", f"{4 * r['lr_side']}²")
+        if r.get("status") != "ok":
+            lines.append(row(*sides, f"{r.get('status')}: {r.get('error', '')}", "", "", "", "", ""))
+            continue
+        peak, limit = (
+            f"{r['process_peak_rss_bytes'] / mib:,.0f} MiB",
+            f"{(r['budget_bytes'] + r['fixed_bytes']) / mib:,.0f} MiB",
+        )
+        plan = (
+            f"{r['estimate_mib']:,.0f} MiB",
+            f"{r['tile_size']} ({r['tiles']})",
+            "streamed" if r["streamed"] else "in memory",
+        )
+        lines.append(row(*sides, peak, limit, *plan, f"{r['wall_s']:.0f} s"))
+    return "\n".join(lines)
+
+
+TABLES = (Table("upscale-memory", ("upscale_memory.json",), upscale_memory_table),)

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 from nala_gen.bench.common import machine_info
+from nala_gen.bench.tables import Table, cores, load, row
 from nala_gen.bench.worker import run_fresh
 
 PHASES = ("import torch", "import nala_gen", "load weights", "build engine (graph)", "decode", "plan (probes)")
@@ -234,3 +235,56 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------------------------ tables
+# The docs' tables of the JSON this module writes, declared for scripts/results_tables.py.
+
+
+def upscale_overhead_table() -> str:
+    data = load("upscale_overhead.json")
+    phases = data["phases"]
+    lines = [
+        f"{data['model']}, {data['side']}² PNG in, x4, fp32, {cores(data['machine'])}, "
+        f"torch {data['machine']['torch']}; median of {data['repeats']} fresh processes each.",
+        "",
+        "| one-image `nala-sr upscale` | wall | compute (job) | beyond compute "
+        "| ours: after torch's import, beyond compute |",
+        "|---|---|---|---|---|",
+    ]
+    for label, key in (("first run on this machine (no probe cache)", "cli_first"), ("later runs", "cli_cached")):
+        run = data[key]
+        ours = f"{run['ours_s']:.2f} s" if "ours_s" in run else "not measured"  # older files lack it
+        lines.append(
+            row(label, f"{run['wall_s']:.2f} s", f"{run['compute_s']:.2f} s", f"{run['beyond_s']:.2f} s", ours)
+        )
+    lines += [
+        "",
+        "| phase (phase worker) | s |",
+        "|---|---|",
+        row("interpreter start and exit", f"{data['interpreter_s']:.2f}"),
+    ]
+    lines += [row(name, f"{seconds:.2f}") for name, seconds in phases["phases_s"].items()]
+    lines += [
+        "",
+        "| compute | s |",
+        "|---|---|",
+        row("engine, first job (array out)", f"{phases['first_job_s']:.2f}"),
+        row("engine, warm job", f"{phases['warm_job_s']:.2f}"),
+        row("bare forward, inference graph", f"{phases['bare_graph_s']:.2f}"),
+        row("bare forward, plain network", f"{phases['bare_plain_s']:.2f}"),
+        row(
+            "engine / bare graph (warm; first)", f"{data['engine_over_bare']:.2f}x; {data['first_job_over_bare']:.2f}x"
+        ),
+    ]
+    if "bare_graph_trimmed_s" in phases:  # older files lack it
+        lines[-1:-1] = [
+            row(
+                "bare forward, inference graph, from a trimmed heap (as a job)", f"{phases['bare_graph_trimmed_s']:.2f}"
+            )
+        ]
+        lines.append(row("engine / bare graph from a trimmed heap (warm)", f"{data['engine_over_bare_trimmed']:.2f}x"))
+    return "\n".join(lines)
+
+
+TABLES = (Table("upscale-overhead", ("upscale_overhead.json",), upscale_overhead_table),)

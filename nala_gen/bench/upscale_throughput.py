@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 from nala_gen.bench.common import machine_info, rows_not_rerun, run_stamp, write_cost_results
+from nala_gen.bench.tables import Table, load, row
 from nala_gen.bench.worker import limit_memory, run_fresh
 
 MODELS = ("nalasr-light-x4", "esrt-x4")
@@ -200,3 +201,33 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------------------------ tables
+# The docs' tables of the JSON this module writes, declared for scripts/results_tables.py.
+
+
+def upscale_table() -> str:
+    data = load("upscale_throughput.json")
+    rows = data["rows"]
+    lines = [
+        f"`nala-sr upscale`'s engine, x4, {rows[0].get('precision', 'fp32')}, {data['machine']['threads']} threads; "
+        f"median of {data['repeats']} runs after a warm-up, fresh process per point; input: {data['input']}; "
+        f"`--tile auto` with a {data['memory_budget_mb']:.0f} MiB budget.",
+        "",
+        "| model | runtime | tiles | LR in | MP out | latency | output MP/s | peak memory | passes (tile) | run |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        size = f"{r['lr_side']}x{r['lr_side']}"
+        engine, run = r.get("engine", "torch"), r.get("run", "earlier run")
+        if r["status"] != "ok":
+            lines.append(row(r["model"], engine, r["tile"], size, "", r["status"], "", "", "", run))
+            continue
+        mp, latency, rate = f"{r['output_megapixels']:.2f}", f"{r['latency_s']:.2f} s", f"{r['megapixels_per_s']:.3f}"
+        peak, passes = f"{r['peak_extra_bytes'] / 2**20:,.0f} MiB", f"{r['tiles']} ({r['tile_size'] or 'whole'})"
+        lines.append(row(r["model"], engine, r["tile"], size, mp, latency, rate, peak, passes, run))
+    return "\n".join(lines)
+
+
+TABLES = (Table("upscale-throughput", ("upscale_throughput.json",), upscale_table),)

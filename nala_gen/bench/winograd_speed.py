@@ -22,6 +22,7 @@ from functools import partial
 from pathlib import Path
 
 from nala_gen.bench.common import machine_info, run_stamp
+from nala_gen.bench.tables import Table, cores, load, row
 from nala_gen.bench.worker import run_fresh
 
 # (in, out, LR side) of NaLaSR-light's Winograd convolutions at 1 MP out: its residual units' 32 -> 16 and 16 -> 32
@@ -187,3 +188,35 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+# ------------------------------------------------------------------------------------------------ tables
+# The docs' tables of the JSON this module writes, declared for scripts/results_tables.py.
+
+
+def winograd_table() -> str:
+    """The Winograd 3x3 convolution against oneDNN's direct one per shape, and NaLaSR's forward with the project's
+    convolution kernels against without them."""
+    data = load("winograd.json")
+    lines = [
+        f"`nala-bench winograd`, {data['run']}, {cores(data['machine'])}, fp32; each part in one fresh process, "
+        f"the two paths alternated: shapes by the minimum of {data['repeats']} calls on one channels-last input, "
+        f"NaLaSR's whole forward (`net(x)`, eval) by the medians of {data['rounds']} passes each, with the project's "
+        "kernels (Winograd 3x3, 1x1) and without them (PyTorch's convolutions: `NALA_GEN_WINOGRAD=0`).",
+        "",
+        "| convolution or forward | direct (oneDNN) | Winograd (forward: the project's kernels) | speed-up |",
+        "|---|---|---|---|",
+    ]
+    for r in data["shapes"]:
+        shape = f"{r['in_channels']} → {r['out_channels']}, 3x3, at {r['side']}²"
+        times = f"{r['direct_s'] * 1e3:.2f} ms", f"{r['winograd_s'] * 1e3:.2f} ms"
+        lines.append(row(shape, *times, f"{r['speedup']:.2f}×"))
+    for r in data["networks"]:
+        lines.append(row(f"{r['model']} forward, {r['output_megapixels']:g} MP out",
+                         f"{r['direct_s']:.3f} s", f"{r['winograd_s']:.3f} s", f"{r['speedup']:.2f}×"))  # fmt: skip
+    worst = max(r["max_abs_difference"] for r in data["networks"])
+    lines += ["", f"The two paths' outputs differ by at most {worst:.1e} (images in [0, 1])."]
+    return "\n".join(lines)
+
+
+TABLES = (Table("winograd", ("winograd.json",), winograd_table),)
