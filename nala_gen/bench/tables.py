@@ -25,9 +25,11 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 # The modules that declare tables, in the order the script prints them.
 MODULES = (
+    "nala_gen.bench.attention_scaling_tables",
     "nala_gen.bench.step_timing",
     "nala_gen.bench.train_speed",
     "nala_gen.bench.dit_sizes",
+    "nala_gen.bench.sr_scaling_tables",
     "nala_gen.bench.sr_sets",
     "nala_gen.bench.upscale_throughput",
     "nala_gen.bench.upscale_memory",
@@ -35,7 +37,9 @@ MODULES = (
     "nala_gen.bench.upscale_overhead",
     "nala_gen.bench.winograd_speed",
     "nala_gen.bench.cli",
+    "nala_gen.bench.trained_entropy_tables",
     "nala_gen.bench.sr_ablation",
+    "nala_gen.bench.dit_ablation_tables",
 )
 
 
