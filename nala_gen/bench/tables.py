@@ -25,6 +25,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 # The modules that declare tables, in the order the script prints them.
 MODULES = (
+    "nala_gen.bench.summary",
     "nala_gen.bench.attention_scaling_tables",
     "nala_gen.bench.step_timing",
     "nala_gen.bench.train_speed",
