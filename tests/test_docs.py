@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -76,6 +77,35 @@ def test_every_table_is_generated_from_files_that_exist():
             continue
         for source in (*table.sources, *table.reads):
             assert (RESULTS / source).is_file(), f"{table.slug}: {source} missing"
+
+
+def test_every_result_a_table_reads_is_declared_by_one_module():
+    owners, read = {}, set()
+    for module, module_tables in declared().items():
+        for table in module_tables:
+            read.update(table.sources, table.reads)
+            for source in table.sources:
+                owners.setdefault(source, set()).add(module)
+    for source in sorted(read):
+        assert len(owners.get(source, ())) == 1, f"{source}: declared by {sorted(owners.get(source, ()))}"
+
+
+def test_the_script_renders_only_what_the_modules_declare(tables):
+    slugs = [table.slug for table in declared_tables()]
+    assert len(slugs) == len(set(slugs)), "two tables share a file"
+    assert set(slugs) == {p.stem for p in tables.TABLES_DIR.glob("*.md")}
+    own = {name for name, value in vars(tables).items() if getattr(value, "__module__", None) == tables.__name__}
+    assert own == {"pages", "readme_with_headline", "write", "check", "main"}, "declare tables beside their JSON"
+
+
+def test_rendering_every_table_imports_no_torch():
+    code = (
+        "import sys\n"
+        "from nala_gen.bench.tables import declared\n"
+        "[table.render() for tables in declared().values() for table in tables]\n"
+        "assert 'torch' not in sys.modules, 'a module declaring tables imports torch'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
 def test_readme_is_short_and_its_relative_links_resolve():
