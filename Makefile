@@ -18,7 +18,7 @@ $(STAMP): setup.cfg setup.py pyproject.toml Makefile $(wildcard nala_gen/ops/csr
 	# Not isolated either: the fused NaLa op (C++, about a minute to compile) builds against that torch.
 	$(BIN)/pip install -q --no-build-isolation -e '.[sr,diffusion,plot,app,video,test,docs]'
 	$(BIN)/python -c "from nala_gen.ops import nala_fused as f; print('nala_gen: fused NaLa op:', f.instruction_set() or f.unavailable_reason())"
-	$(BIN)/python -c "from nala_gen.ops import winograd as w; print('nala_gen: Winograd convolution:', w.unavailable_reason() or 'avx512')"
+	$(BIN)/python -c "from nala_gen.ops import winograd as w; print('nala_gen: Winograd convolution:', w.instruction_set() or w.unavailable_reason())"
 	touch $@
 
 demo: $(STAMP)

@@ -1,7 +1,8 @@
 """Build the package's two CPU ops with it; metadata lives in setup.cfg.
 
 * the fused NaLa op (``nala_gen.ops._nala_fused``), the attention;
-* the Winograd 3x3 and 1x1 convolutions (``nala_gen.ops._winograd``) of the SR networks' inference graph.
+* the Winograd 3x3 and 1x1 convolutions (``nala_gen.ops._winograd``) of the SR networks' inference graph, for
+  AVX-512F and for AVX2 with FMA (one source, ``winograd_kernels.inc``, compiled for each; chosen at run time).
 
 Their sources are ``nala_gen/ops/csrc/``.
 
@@ -58,7 +59,12 @@ else:
             depends=["nala_gen/ops/csrc/nala_tiles.inc", "nala_gen/ops/csrc/nala_soa.inc"],
             **flags,
         ),
-        CppExtension("nala_gen.ops._winograd", ["nala_gen/ops/csrc/winograd.cpp"], **flags),
+        CppExtension(
+            "nala_gen.ops._winograd",
+            ["nala_gen/ops/csrc/winograd.cpp"],
+            depends=["nala_gen/ops/csrc/winograd_kernels.inc"],
+            **flags,
+        ),
     ]
     cmdclass = {"build_ext": OptionalBuildExtension}
 

@@ -17,11 +17,15 @@ def test_each_variable_sets_its_field():
     assert from_environ({"NALA_GEN_FUSED_ISA": "sse"}).fused_isa is None  # an unknown name caps nothing
     assert not from_environ({"NALA_GEN_WINOGRAD": "no"}).winograd
     assert from_environ({"NALA_GEN_COMPILE": "1"}).compile and not from_environ({"NALA_GEN_COMPILE": "0"}).compile
+    assert from_environ({"NALA_GEN_WINOGRAD_ISA": "avx2"}).winograd_isa == "avx2"
+    assert from_environ({"NALA_GEN_WINOGRAD_ISA": "sse"}).winograd_isa is None
 
 
 def test_an_unknown_instruction_set_is_refused_in_code():
     with pytest.raises(ValueError, match="fused_isa"):
         RuntimeOptions(fused_isa="sse")
+    with pytest.raises(ValueError, match="winograd_isa"):
+        RuntimeOptions(winograd_isa="sse")
 
 
 def test_using_nests_and_restores():

@@ -7,6 +7,7 @@ The environment variables are the user's interface (set before the process start
 | ``NALA_GEN_FUSED=0`` | ``fused``: the fused NaLa op runs where it can | on |
 | ``NALA_GEN_FUSED_ISA=avx2`` or ``baseline`` | ``fused_isa``: caps the op's instruction set | the widest the CPU runs |
 | ``NALA_GEN_WINOGRAD=0`` | ``winograd``: the Winograd 3x3 and the 1x1 kernels | on |
+| ``NALA_GEN_WINOGRAD_ISA=avx2`` | ``winograd_isa``: caps those kernels' instruction set | the widest the CPU runs |
 | ``NALA_GEN_COMPILE=1`` | ``compile``: the PyTorch path's feature map by ``torch.compile`` | off |
 
 Why one value: code that chooses a path takes it as an argument (its default is :func:`runtime_options`), so a
@@ -34,6 +35,9 @@ class RuntimeOptions:
     fused_isa: the widest instruction set the fused op may use (``avx512``, ``avx2``, ``baseline``); None for the
         widest this CPU runs.
     winograd: the Winograd 3x3 and the 1x1 convolution kernels run where they apply.
+    winograd_isa: the widest instruction set those kernels may use (``avx512``, ``avx2``; ``baseline``: none of
+        them, the direct convolution everywhere); None for the widest this CPU runs. To test or time the AVX2
+        kernels on a CPU with AVX-512.
     compile: ``linear_attention``'s PyTorch path fuses its feature map with ``torch.compile`` when the caller does
         not say.
     """
@@ -42,10 +46,12 @@ class RuntimeOptions:
     fused_isa: str | None = None
     winograd: bool = True
     compile: bool = False
+    winograd_isa: str | None = None
 
     def __post_init__(self) -> None:
-        if self.fused_isa is not None and self.fused_isa not in ISAS:
-            raise ValueError(f"fused_isa must be one of {ISAS} or None, not {self.fused_isa!r}")
+        for name in ("fused_isa", "winograd_isa"):
+            if getattr(self, name) is not None and getattr(self, name) not in ISAS:
+                raise ValueError(f"{name} must be one of {ISAS} or None, not {getattr(self, name)!r}")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -54,7 +60,7 @@ class RuntimeOptions:
 def from_environ(environ: Mapping[str, str] | None = None) -> RuntimeOptions:
     """The options the variables of ``environ`` (``os.environ`` by default) set; unset ones keep their default."""
     env = os.environ if environ is None else environ
-    isa = env.get("NALA_GEN_FUSED_ISA", "").strip().lower()
+    isa, winograd_isa = (env.get(f"NALA_GEN_{n}", "").strip().lower() for n in ("FUSED_ISA", "WINOGRAD_ISA"))
     return RuntimeOptions(
         fused=env.get("NALA_GEN_FUSED", "1").strip().lower() not in _OFF,
         # an unknown name caps nothing (the C++ op used to fall back to its baseline kernels for one: a typo then
@@ -62,6 +68,7 @@ def from_environ(environ: Mapping[str, str] | None = None) -> RuntimeOptions:
         fused_isa=isa if isa in ISAS else None,
         winograd=env.get("NALA_GEN_WINOGRAD", "1").strip().lower() not in _OFF,
         compile=env.get("NALA_GEN_COMPILE", "0").strip().lower() in _ON,
+        winograd_isa=winograd_isa if winograd_isa in ISAS else None,
     )
 
 
