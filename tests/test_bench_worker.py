@@ -1,6 +1,9 @@
 """The fresh-process protocol every bench measures through (nala_gen.bench.worker): results, failures, caps."""
 
+import importlib
 import os
+import re
+from pathlib import Path
 
 from nala_gen.bench.worker import FreshProcess, failed, run_fresh
 
@@ -88,3 +91,21 @@ def test_workers_started_together_run_side_by_side(tmp_path):
     procs = [FreshProcess(f"{script}:answer", {"n": n}) for n in range(3)]
     results = [p.result(timeout=60) for p in procs]
     assert [r["n"] for r in results] == [0, 2, 4] and len({r["pid"] for r in results}) == 3
+
+
+def test_a_bench_s_declared_measure_is_its_own_worker_run_fresh():
+    """A bench that declares ``MEASURE = "module:function"`` names a function of its own module and runs it
+    through the protocol by that name."""
+    benches = sorted((Path(__file__).resolve().parents[1] / "nala_gen" / "bench").glob("*.py"))
+    declaring = 0
+    for path in benches:
+        source = path.read_text()
+        measure = re.search(r'^MEASURE = "([\w.]+):(\w+)"$', source, re.MULTILINE)
+        if measure is None:
+            continue
+        declaring += 1
+        module = importlib.import_module(measure[1])
+        assert Path(module.__file__) == path, f"{path.name}: MEASURE names {measure[1]}"
+        assert callable(getattr(module, measure[2], None)), f"{path.name}: no function {measure[2]}"
+        assert re.search(r"(run_fresh|FreshProcess)\(\s*MEASURE\b", source), f"{path.name}: MEASURE is not run"
+    assert declaring, "no bench declares MEASURE: the pattern is broken"

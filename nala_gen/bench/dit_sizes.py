@@ -27,6 +27,8 @@ from nala_gen.bench.common import machine_info
 from nala_gen.bench.tables import Table, cores, load, row
 from nala_gen.bench.worker import run_fresh
 
+# The measurement (each call a fresh process) and its points: MODELS × SIDES.
+MEASURE = "nala_gen.bench.dit_sizes:worker"
 MODELS = ("naladit-digits", "naladit-digits-softmax")
 SIDES = (32, 64, 128)
 
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for model in args.models if r % 2 == 0 else reversed(args.models):
                 kwargs = {"model": model, "side": side, "batch": args.batch, "repeats": args.repeats}
-                result = run_fresh("nala_gen.bench.dit_sizes:worker", kwargs)
+                result = run_fresh(MEASURE, kwargs)
                 rounds.setdefault((model, side), []).append(result)
                 shown = f"{result['latency_s'] * 1e3:.1f} ms" if result["status"] == "ok" else result.get("note", "")
                 print(f"{side:>4} px  round {r + 1}  {model:<28} {shown}", flush=True)

@@ -27,6 +27,8 @@ from nala_gen.bench.common import machine_info
 from nala_gen.bench.tables import Table, load, row
 from nala_gen.bench.worker import run_fresh
 
+# The measurement (each call a fresh process) and its points: STEPS × PATHS.
+MEASURE = "nala_gen.bench.step_timing:worker"
 STEPS = ("nalasr_train", "nalasr_upscale", "naladit_sample")
 PATHS = ("fused", "eager")
 
@@ -122,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in args.steps:
         for path in PATHS:
             env = {"NALA_GEN_FUSED": "1" if path == "fused" else "0"}
-            result = run_fresh("nala_gen.bench.step_timing:worker", {"step": step, "repeats": args.repeats}, env)
+            result = run_fresh(MEASURE, {"step": step, "repeats": args.repeats}, env)
             rows.append({"step": step, "path": path, **result})
             shown = f"{result['latency_s']:.3f} s" if result["status"] == "ok" else result.get("note", "")
             print(f"{step:<16} {path:<6} {shown}", flush=True)

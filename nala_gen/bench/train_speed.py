@@ -34,6 +34,8 @@ from pathlib import Path
 from nala_gen.bench.tables import captioned, cores
 
 DEFAULT_OPTION = Path("options/train/NaLaSR/train_NaLaSR_light_x4_sets.yml")
+# The measurement (each call a fresh process) and its points: VARIANTS.
+MEASURE = "nala_gen.bench.train_speed:worker"
 VARIANTS = (
     "baseline",
     "channels_last",
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             kwargs = {"option": str(args.opt), "variant": variant, "steps": args.steps, "warmup": args.warmup}
             kwargs.update({"threads": args.threads, "profile": args.profile})
             variant_env = {**env, **({"NALA_GEN_FUSED": "0"} if parse_variant(variant)["eager"] else {})}
-            result = run_fresh("nala_gen.bench.train_speed:worker", kwargs, env=variant_env, timeout=3600)
+            result = run_fresh(MEASURE, kwargs, env=variant_env, timeout=3600)
             rows.append({"variant": variant, "round": round_index, **result})
             shown = (
                 f"{result['step_s']:.3f} s/step  {result['samples_per_s']:.2f} samples/s  (batch {result['batch']}, "

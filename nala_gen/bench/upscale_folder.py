@@ -32,6 +32,8 @@ from nala_gen.bench.common import machine_info
 from nala_gen.bench.tables import Table, cores, load, row
 from nala_gen.bench.worker import FreshProcess, failed
 
+# The measurement (each call a fresh process) and its points: SETS × PATHS.
+MEASURE = "nala_gen.bench.upscale_folder:worker"
 PATHS = {  # name -> (io_threads, batch, processes)
     "sequential": (0, "1", 1),
     "pipelined": (1, "1", 1),
@@ -134,8 +136,7 @@ def point(model: str, folder: Path, path: str, count: int) -> dict:
         kwargs = {"model": model, "folder": str(folder), "out": out, "io_threads": io_threads, "batch": batch}
         env = {"OMP_NUM_THREADS": "1"} if world > 1 else {}
         procs = [  # all started before any is waited on: side by side
-            FreshProcess("nala_gen.bench.upscale_folder:worker", {**kwargs, "rank": rank, "world": world}, env)
-            for rank in range(world)
+            FreshProcess(MEASURE, {**kwargs, "rank": rank, "world": world}, env) for rank in range(world)
         ]
         results = [proc.result(timeout=3600) for proc in procs]
         for result in results:

@@ -32,6 +32,8 @@ from nala_gen.bench.common import machine_info, rows_not_rerun, run_stamp, write
 from nala_gen.bench.tables import Table, load, row
 from nala_gen.bench.worker import limit_memory, run_fresh
 
+# The measurement (each call a fresh process) and its points: MODELS × SIDES × TILES × ENGINES.
+MEASURE = "nala_gen.bench.upscale_throughput:worker"
 MODELS = ("nalasr-light-x4", "esrt-x4")
 SIDES = (125, 250, 500)  # LR sides: 0.25, 1 and 4 megapixels out at x4
 TILES = ("auto", "128")
@@ -116,7 +118,7 @@ def point(args, model: str, engine: str, onnx: str | None, tile: str, side: int,
     kwargs = {"model": model, "side": side, "tile": tile, "repeats": args.repeats}
     kwargs.update({"budget_mb": args.memory_budget_mb, "device": args.device, "mem_limit": limit, "onnx": onnx})
     env = {"NALA_GEN_FUSED": "0" if engine == "torch_eager" else "1"}
-    result = run_fresh("nala_gen.bench.upscale_throughput:worker", kwargs, env, timeout=args.timeout)
+    result = run_fresh(MEASURE, kwargs, env, timeout=args.timeout)
     series = f"{model}, tile {tile}" + (f", {engine}" if engine != "torch" else "")
     row = {"model": model, "engine": engine, "tile": tile, "series": series, "lr_side": side, "run": args.run}
     row.update({"tokens": side * side, "limit_bytes": limit, **result})
