@@ -1,7 +1,11 @@
 """Every kernel that may run one of NaLaSR's convolutions computes it: each is forced on the shapes the fast form
 runs (each Winograd tile, the 1x1 kernel, the direct convolution; AVX-512 and AVX2 where this CPU runs them) and
 compared with the direct convolution, and the whole fast form with the AVX2 kernels forced keeps to the plain
-layers."""
+layers. Then the per-machine choice among them (nala_gen.sr.archs.fast.conv_choice): each shape timed once and the
+choice kept in a file for later processes, under a key of the CPU, torch, threads, options and code; nothing timed
+under the static choice; a corrupt file or a choice this machine cannot run timed again."""
+
+import json
 
 import pytest
 import torch
@@ -116,3 +120,136 @@ def test_the_fast_form_with_the_avx2_kernels_keeps_to_the_plain_layers(monkeypat
     assert within_tol(fast, plain.double())
     kinds = {kind for kind, _ in counting.calls}
     assert kinds == {"conv3x3", "conv1x1"} and {isa for _, isa in counting.calls} == {"avx2"}, counting.calls
+
+
+# --- the per-machine choice (nala_gen.sr.archs.fast.conv_choice): probed once, kept, keyed, harmless ---
+
+
+@pytest.fixture
+def choice_cache(tmp_path, monkeypatch):
+    """A cache file of this test's own, and no choice held in the process before or after it."""
+    from nala_gen.sr.archs.fast import conv_choice
+
+    path = tmp_path / "cache" / "conv_choice.json"
+    monkeypatch.setenv(conv_choice.CACHE_ENV, str(path))
+    conv_choice.forget()
+    yield path
+    conv_choice.forget()
+
+
+def a_shape(side=20):
+    """One of the body's 3x3 convolutions: 32 channels in and out, channels-last as the fast form runs it."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 32, side, side, generator=gen).contiguous(memory_format=torch.channels_last)
+    return x, torch.randn(32, 32, 3, 3, generator=gen) / 32
+
+
+class ProbeCounter:
+    def __init__(self, probe) -> None:
+        self.probe, self.calls = probe, 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return self.probe(*args)
+
+
+@needs_kernels
+def test_a_shape_is_timed_once_and_the_choice_kept_for_the_next_process(choice_cache, monkeypatch):
+    from nala_gen.sr.archs.fast import conv_choice
+
+    counter = ProbeCounter(conv_choice._probe)
+    monkeypatch.setattr(conv_choice, "_probe", counter)
+    x, weight = a_shape()
+    with using(conv_choice="probe") as options:
+        chosen = conv_choice.choose(x, weight)
+        assert conv_choice.choose(x, weight) == chosen and counter.calls == 1  # held in the process
+        stored = json.loads(choice_cache.read_text())
+        (entry,) = stored.values()
+        shape = entry["shapes"][conv_choice.shape_key(x, weight)]
+        assert set(shape["seconds"]) == set(conv_choice.candidates(x, weight, options))
+        assert len(shape["seconds"]) >= 3 and shape["choice"] == min(shape["seconds"], key=shape["seconds"].get)
+        assert shape["probe_seconds"] >= sum(shape["seconds"].values())
+        assert entry["machine"]["cpu"] and entry["machine"]["torch"] == torch.__version__
+        conv_choice.forget()  # as a new process: read from the file, timed no more
+        assert conv_choice.choose(x, weight) == chosen and counter.calls == 1
+    # and the kernel it names computes the convolution
+    out = conv_choice.conv3x3(x, weight)
+    reference = F.conv2d(x.double(), weight.double(), padding=1)
+    assert within_tol(out, reference)
+
+
+@needs_kernels
+def test_the_static_choice_times_nothing_and_writes_nothing(choice_cache, monkeypatch):
+    from nala_gen.sr.archs.fast import conv_choice
+
+    def no_probe(*args):
+        raise AssertionError("timed under the static choice")
+
+    monkeypatch.setattr(conv_choice, "_probe", no_probe)
+    x, weight = a_shape()
+    with using(conv_choice="static"):
+        assert conv_choice.choose(x, weight) is None
+        out = conv_choice.conv3x3(x, weight)
+    assert within_tol(out, F.conv2d(x.double(), weight.double(), padding=1))
+    assert not choice_cache.exists()
+
+
+@needs_kernels
+def test_other_options_or_size_classes_are_timed_apart(choice_cache, monkeypatch):
+    from nala_gen.sr.archs.fast import conv_choice
+
+    counter = ProbeCounter(conv_choice._probe)
+    monkeypatch.setattr(conv_choice, "_probe", counter)
+    small, weight = a_shape(side=20)
+    medium, _ = a_shape(side=60)
+    assert conv_choice.size_class(small) != conv_choice.size_class(medium)
+    with using(conv_choice="probe"):
+        conv_choice.choose(small, weight)
+        conv_choice.choose(medium, weight)
+        assert counter.calls == 2
+        with using(winograd_isa="avx2" if "avx2" in CPU_ISAS else "baseline"):
+            if len(winograd.algorithms(small, weight)) >= 2:
+                conv_choice.choose(small, weight)
+                assert counter.calls == 3
+                assert len(json.loads(choice_cache.read_text())) == 2  # one machine key per option set
+
+
+@needs_kernels
+def test_a_corrupt_cache_is_timed_again_and_rewritten(choice_cache):
+    from nala_gen.sr.archs.fast import conv_choice
+
+    choice_cache.parent.mkdir(parents=True)
+    choice_cache.write_text("{not json")
+    x, weight = a_shape()
+    with using(conv_choice="probe"):
+        assert conv_choice.choose(x, weight) is not None
+    (entry,) = json.loads(choice_cache.read_text()).values()
+    assert conv_choice.shape_key(x, weight) in entry["shapes"]
+
+
+@needs_kernels
+def test_a_cached_choice_this_machine_cannot_run_is_timed_again(choice_cache, monkeypatch):
+    """A file edited by hand (or by a build with other kernels) names a kernel not among this call's candidates."""
+    from nala_gen.sr.archs.fast import conv_choice
+
+    x, weight = a_shape()
+    with using(conv_choice="probe") as options:
+        conv_choice.choose(x, weight)
+        stored = json.loads(choice_cache.read_text())
+        (key,) = stored
+        stored[key]["shapes"][conv_choice.shape_key(x, weight)]["choice"] = "winograd9/avx1024"
+        choice_cache.write_text(json.dumps(stored))
+        conv_choice.forget()
+        algorithm, isa = conv_choice.choose(x, weight)
+        assert f"{algorithm}/{isa}" in conv_choice.candidates(x, weight, options) or algorithm == winograd.DIRECT
+
+
+@needs_kernels
+def test_the_fast_form_keeps_to_the_plain_layers_whatever_the_probe_chose(choice_cache):
+    net = small_nalasr(seed=4)
+    x = torch.rand(1, 3, 23, 19, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode(), using(conv_choice="probe"):
+        plain, fast = net.forward_layers(x), net.inference_form()(x)
+    assert within_tol(fast, plain.double())
+    (entry,) = json.loads(choice_cache.read_text()).values()
+    assert len(entry["shapes"]) >= 4

@@ -7,7 +7,10 @@ drifts from process to process, so a ratio is only taken within one):
   channels-last input, fp32, minimum of ``--repeats`` calls each;
 * **networks**: NaLaSR's whole forward (``net(x)``, eval, channels-last, as the peer board runs it) at each LR side,
   ``--rounds`` passes with the kernels on and as many off (``NALA_GEN_WINOGRAD``), alternated; the medians, their
-  ratio, and the largest difference between the two outputs.
+  ratio, and the largest difference between the two outputs;
+* **choice**: what the per-machine choice of kernels (:mod:`nala_gen.sr.archs.fast.conv_choice`) costs once and
+  what it picks: NaLaSR's first forward at the largest side in a process with an empty choice cache (it times every
+  shape's kernels), then a second forward, then a second process reading the cache; each shape's timings and choice.
 
     nala-bench winograd [--sides 125 250 500] [--rounds 8] [--repeats 15]
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from functools import partial
 from pathlib import Path
@@ -122,6 +126,41 @@ def network_worker(model: str, side: int, rounds: int) -> dict:
     }
 
 
+def choice_worker(model: str, side: int, cache: str) -> dict:
+    """One forward with the choice cache ``cache`` as it is (empty: the probe runs inside the first), then a second;
+    the cache's entries for this process's key."""
+    import os
+
+    import torch
+
+    from nala_gen.bench.sr_scaling import build, padded_input
+    from nala_gen.ops import runtime_options, using, winograd
+    from nala_gen.sr.archs.fast import conv_choice
+
+    if winograd.unavailable_reason():
+        return {"status": "unavailable", "note": winograd.unavailable_reason()}
+    os.environ[conv_choice.CACHE_ENV] = cache
+    torch.manual_seed(0)
+    net = build(model).eval().to(memory_format=torch.channels_last)
+    x = padded_input(model, side, side).contiguous(memory_format=torch.channels_last)
+    times = []
+    with torch.inference_mode(), using(conv_choice="probe") as options:
+        for _ in range(2):
+            start = time.perf_counter()
+            net(x)
+            times.append(time.perf_counter() - start)
+        key, _ = conv_choice.machine(options)
+    shapes = json.loads(Path(cache).read_text())[key]["shapes"]
+    return {
+        "status": "ok",
+        "first_s": times[0],
+        "second_s": times[1],
+        "probe_s": sum(entry["probe_seconds"] for entry in shapes.values()),
+        "shapes": shapes,
+        "options": runtime_options().as_dict(),
+    }
+
+
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
@@ -171,6 +210,17 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{model} {row['output_megapixels']:g} MP out: direct {row['direct_s']:.3f} s, Winograd "
                   f"{row['winograd_s']:.3f} s, {row['speedup']:.3f}x (outputs within {row['max_abs_difference']:.1e})",
                   flush=True)  # fmt: skip
+    choice = {}
+    with tempfile.TemporaryDirectory() as folder:
+        kwargs = {"model": args.models[0], "side": max(args.sides), "cache": str(Path(folder) / "conv_choice.json")}
+        for run in ("probed", "cached"):  # a new machine's first process, then a later one
+            choice[run] = run_fresh("nala_gen.bench.winograd_speed:choice_worker", kwargs)
+            if choice[run]["status"] != "ok":
+                print(f"choice: {choice[run]['status']}: {choice[run].get('note', '')}")
+                return 1
+            first, second = choice[run]["first_s"], choice[run]["second_s"]
+            print(f"choice ({run}): first forward {first:.3f} s, second {second:.3f} s", flush=True)
+    choice["model"], choice["lr_side"] = kwargs["model"], kwargs["side"]
     result = {
         "machine": machine_info("cpu"),
         "run": run_stamp(),
@@ -178,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "shapes": shapes["rows"],
         "networks": networks,
+        "choice": choice,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "winograd.json").write_text(json.dumps(result, indent=1))
@@ -216,6 +267,26 @@ def winograd_table() -> str:
                          f"{r['direct_s']:.3f} s", f"{r['winograd_s']:.3f} s", f"{r['speedup']:.2f}×"))  # fmt: skip
     worst = max(r["max_abs_difference"] for r in data["networks"])
     lines += ["", f"The two paths' outputs differ by at most {worst:.1e} (images in [0, 1])."]
+    choice = data.get("choice")
+    if choice:
+        probed, cached = choice["probed"], choice["cached"]
+        lines += [
+            "",
+            f"**The per-machine choice of kernels** (`NALA_GEN_CONV_CHOICE`, default `probe`): on a machine the "
+            f"cache has not seen, {choice['model']}'s first forward at {choice['lr_side']}² LR took "
+            f"{probed['first_s']:.2f} s, of which timing every shape's kernels {probed['probe_s']:.2f} s; its "
+            f"second forward {probed['second_s']:.3f} s; a later process, reading the cache, "
+            f"{cached['first_s']:.3f} s for its first (its other first-call costs included). Each shape's kernels "
+            "(median of up to three calls after a warm-up, on a map of its size class) and the one chosen:",
+            "",
+            "| shape (kernel, in > out, size class) | chosen | each kernel's time |",
+            "|---|---|---|",
+        ]
+        for shape, entry in sorted(probed["shapes"].items()):
+            each = ", ".join(
+                f"{name} {t * 1e3:.2f} ms" for name, t in sorted(entry["seconds"].items(), key=lambda i: i[1])
+            )
+            lines.append(row(shape, f"`{entry['choice']}`", each))
     return "\n".join(lines)
 
 

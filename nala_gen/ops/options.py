@@ -8,6 +8,7 @@ The environment variables are the user's interface (set before the process start
 | ``NALA_GEN_FUSED_ISA=avx2`` or ``baseline`` | ``fused_isa``: caps the op's instruction set | the widest the CPU runs |
 | ``NALA_GEN_WINOGRAD=0`` | ``winograd``: the Winograd 3x3 and the 1x1 kernels | on |
 | ``NALA_GEN_WINOGRAD_ISA=avx2`` | ``winograd_isa``: caps those kernels' instruction set | the widest the CPU runs |
+| ``NALA_GEN_CONV_CHOICE=static`` | ``conv_choice``: how the fast SR form picks each convolution's kernel | ``probe`` |
 | ``NALA_GEN_COMPILE=1`` | ``compile``: the PyTorch path's feature map by ``torch.compile`` | off |
 
 Why one value: code that chooses a path takes it as an argument (its default is :func:`runtime_options`), so a
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 
 ISAS = ("avx512", "avx2", "baseline")  # widest first
+CONV_CHOICES = ("probe", "static")
 _OFF = ("0", "false", "no")
 _ON = ("1", "true", "yes")
 
@@ -40,6 +42,10 @@ class RuntimeOptions:
         kernels on a CPU with AVX-512.
     compile: ``linear_attention``'s PyTorch path fuses its feature map with ``torch.compile`` when the caller does
         not say.
+    conv_choice: ``probe``: the SR networks' fast form runs each convolution shape by whichever kernel timed
+        fastest on this machine (timed once, kept in a cache: ``nala_gen.sr.archs.fast.conv_choice``);
+        ``static``: by the fixed rule (Winograd F(4x4, 3x3) for 16 and 32 input channels, F(2x2, 3x3) for the
+        others, the 1x1 kernel where it applies), which never times anything. The test suite runs ``static``.
     """
 
     fused: bool = True
@@ -47,11 +53,14 @@ class RuntimeOptions:
     winograd: bool = True
     compile: bool = False
     winograd_isa: str | None = None
+    conv_choice: str = "probe"
 
     def __post_init__(self) -> None:
         for name in ("fused_isa", "winograd_isa"):
             if getattr(self, name) is not None and getattr(self, name) not in ISAS:
                 raise ValueError(f"{name} must be one of {ISAS} or None, not {getattr(self, name)!r}")
+        if self.conv_choice not in CONV_CHOICES:
+            raise ValueError(f"conv_choice must be one of {CONV_CHOICES}, not {self.conv_choice!r}")
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -61,6 +70,7 @@ def from_environ(environ: Mapping[str, str] | None = None) -> RuntimeOptions:
     """The options the variables of ``environ`` (``os.environ`` by default) set; unset ones keep their default."""
     env = os.environ if environ is None else environ
     isa, winograd_isa = (env.get(f"NALA_GEN_{n}", "").strip().lower() for n in ("FUSED_ISA", "WINOGRAD_ISA"))
+    choice = env.get("NALA_GEN_CONV_CHOICE", "").strip().lower()
     return RuntimeOptions(
         fused=env.get("NALA_GEN_FUSED", "1").strip().lower() not in _OFF,
         # an unknown name caps nothing (the C++ op used to fall back to its baseline kernels for one: a typo then
@@ -69,6 +79,8 @@ def from_environ(environ: Mapping[str, str] | None = None) -> RuntimeOptions:
         winograd=env.get("NALA_GEN_WINOGRAD", "1").strip().lower() not in _OFF,
         compile=env.get("NALA_GEN_COMPILE", "0").strip().lower() in _ON,
         winograd_isa=winograd_isa if winograd_isa in ISAS else None,
+        # likewise an unknown value keeps the default
+        conv_choice=choice if choice in CONV_CHOICES else "probe",
     )
 
 

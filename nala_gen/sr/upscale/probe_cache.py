@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import torch
 
 from nala_gen.devices import cpu_model
 from nala_gen.ops import nala_fused, runtime_options, winograd
+from nala_gen.ops.cache import cache_file, source_digest
 
 CACHE_ENV = "NALA_GEN_PROBE_CACHE"
 MAX_ENTRIES = 64
@@ -31,33 +31,13 @@ MAX_ENTRIES = 64
 
 def cache_path() -> Path | None:
     """The cache file, or None when ``NALA_GEN_PROBE_CACHE`` is ``off`` (or ``0``) or there is no home folder."""
-    chosen = os.environ.get(CACHE_ENV, "")
-    if chosen.lower() in ("off", "0", "none"):
-        return None
-    if chosen:
-        return Path(chosen)
-    try:
-        cache_home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    except RuntimeError:  # no home folder (some containers)
-        return None
-    return Path(cache_home) / "nala_gen" / "probes.json"
+    return cache_file(CACHE_ENV, "probes.json")
 
 
 # The packages whose code runs a pass: the CPU kernels (Python and C++), the attention, the networks and their fast
 # form. Every source file under them is hashed, so a changed line in any of them is a new key (the package's
 # version is not bumped for every commit) and a new module needs no entry here.
-_PASS_PACKAGES = ("ops", "attention", "sr/archs")  # under nala_gen/
-_SOURCE_SUFFIXES = (".py", ".cpp", ".inc", ".h")
-
-
-def source_digest(folders: list[Path]) -> str:
-    """The hash of every source file (``_SOURCE_SUFFIXES``) under ``folders``, by path relative to its folder."""
-    digest = hashlib.sha256()
-    for folder in folders:
-        for path in sorted(p for p in folder.rglob("*") if p.suffix in _SOURCE_SUFFIXES and p.is_file()):
-            digest.update(f"{path.relative_to(folder)}\0".encode())
-            digest.update(path.read_bytes())
-    return digest.hexdigest()
+_PASS_PACKAGES = ("ops", "attention", "sr/archs")  # under nala_gen/ (hashed by nala_gen.ops.cache.source_digest)
 
 
 def _code_digest() -> str:

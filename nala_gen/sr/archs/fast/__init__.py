@@ -34,9 +34,13 @@ and its own ``forward`` runs it in inference. What it changes, each exact in rea
   convolutions' weights or onto the residual adds, and the channel attention's gate into the next convolution's
   weight, so no pass copies a map into a wider one or multiplies a whole feature map by a scalar or a per-channel
   gate.
-* **3x3 convolutions by Winograd's F(2x2, 3x3)** (:mod:`~nala_gen.ops.winograd`) where the CPU has AVX-512F
-  and the shape suits its kernels (32 or more output channels): 16 multiply-adds per channel pair for each 2x2
-  block of outputs instead of 36; the same convolution to float32 rounding.
+* **3x3 convolutions by Winograd's F(4x4, 3x3) or F(2x2, 3x3)** (:mod:`~nala_gen.ops.winograd`) where the CPU
+  has AVX-512F or AVX2 with FMA and the shape suits its kernels (a multiple of 16 output channels): 16 multiply-adds
+  per channel pair for each 2x2 block of outputs instead of 36 (36 for a 4x4 block instead of 144); the same
+  convolution to float32 rounding. The per-token Linears by the 1x1 kernel on the same register tiles.
+* **Each convolution by the kernel fastest on this machine** (:mod:`.conv_choice`): every shape's kernels (each
+  Winograd tile, the 1x1 kernel, each instruction set, oneDNN's direct convolution) are timed once per machine and
+  the choice kept in the user's cache folder; ``NALA_GEN_CONV_CHOICE=static`` keeps the fixed rule instead.
 
 :mod:`.graph` puts them together (:class:`ESRTInferenceGraph`). The graph shares the network's layers where it
 runs them as they are and holds new ones where it folds weights (the network is never changed); the network builds

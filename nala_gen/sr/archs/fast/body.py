@@ -11,6 +11,7 @@ from torch import nn
 from nala_gen.ops import winograd
 
 from ..esrt_layers import upsample_to
+from . import conv_choice
 from .transformer import ComposedTransformer
 
 Tensor = torch.Tensor
@@ -81,7 +82,7 @@ class FoldedResidualUnit(nn.Module):
         super().__init__()
         conv1, act, conv2 = unit.body
         conv2 = _scaled_conv(conv2, unit.scale_res.scale.detach())
-        self.body = nn.Sequential(winograd.winograd_layer(conv1), _float32_prelu(act), winograd.winograd_layer(conv2))
+        self.body = nn.Sequential(conv_choice.layer(conv1), _float32_prelu(act), conv_choice.layer(conv2))
         self.scale_x = _scalar(unit.scale_x)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -107,7 +108,7 @@ class FoldedARFB(nn.Module):
         conv1, act, conv2 = arfb.ru2.body
         if not winograd.is_plain_3x3(conv2) or not winograd.is_plain_3x3(arfb.conv[0]):
             raise TypeError("the ARFB's convolutions are expected to be 3x3 with padding 1 (ESRT's layout)")
-        self.ru2_hidden = nn.Sequential(winograd.winograd_layer(conv1), _float32_prelu(act))
+        self.ru2_hidden = nn.Sequential(conv_choice.layer(conv1), _float32_prelu(act))
         like = conv2.weight
 
         def f64(t: Tensor) -> Tensor:
@@ -126,7 +127,7 @@ class FoldedARFB(nn.Module):
         scale_res = _scalar(arfb.scale_res)
         folds = scale_res > 0
         conv = self.gated = _scaled_conv(arfb.conv[0], scale_res if folds else 1.0)
-        self.conv = nn.Sequential(winograd.winograd_layer(conv), arfb.conv[1])
+        self.conv = nn.Sequential(conv_choice.layer(conv), arfb.conv[1])
         # the conv's transformed weight, which the channel attention's gate scales per input channel (batch 1)
         self.register_buffer("conv_packed", winograd.pack(conv.weight), persistent=False)
         self.out_scale = None if folds else scale_res
@@ -138,9 +139,9 @@ class FoldedARFB(nn.Module):
         # x1's hidden map, then its 1x1 part, so that x1 is gone before the 3x3 conv's output is made: at most x, the
         # part, the (half-width) hidden map and the output are held, not x, x1, the output and the part
         hidden = self.ru2_hidden(x1)
-        part = winograd.conv1x1(x1, self.x1_weight)
+        part = conv_choice.conv1x1(x1, self.x1_weight)
         del x1
-        fused = winograd.conv3x3(hidden, self.hidden_weight, self.hidden_bias, self.hidden_packed)
+        fused = conv_choice.conv3x3(hidden, self.hidden_weight, self.hidden_bias, self.hidden_packed)
         del hidden
         fused = fused.add_(part).relu_()
         del part
@@ -148,7 +149,7 @@ class FoldedARFB(nn.Module):
         if fused.shape[0] == 1:  # they scale the conv's input channels: fold them into its small weight, not the map
             conv = self.gated
             packed = self.conv_packed * gate.view(1, -1, 1).to(self.conv_packed.dtype)
-            y = winograd.conv3x3(fused, conv.weight * gate.view(1, -1, 1, 1), conv.bias, packed).relu_()
+            y = conv_choice.conv3x3(fused, conv.weight * gate.view(1, -1, 1, 1), conv.bias, packed).relu_()
         else:
             y = self.conv(fused.mul_(gate))
         if self.out_scale is not None:
@@ -182,7 +183,9 @@ class FoldedHPB(nn.Module):
         del feat
         for _ in range(self.num_shared):
             low = self.low(low)
-        fused = upsample_to(winograd.conv1x1(low, self.low_weight), hw).add_(winograd.conv1x1(high, self.high_weight))
+        fused = upsample_to(conv_choice.conv1x1(low, self.low_weight), hw).add_(
+            conv_choice.conv1x1(high, self.high_weight)
+        )
         fused = fused.relu_()
         return self.exit(self.attention(fused)).add_(x)
 
@@ -219,7 +222,7 @@ class FoldedBody(nn.Module):
             persistent=False,
         )
         self.transformer = nn.Sequential(*(ComposedTransformer(et) for et in body.transformer))
-        self.conv = winograd.winograd_layer(_scaled_conv(body.conv, _scalar(body.scale_res)))
+        self.conv = conv_choice.layer(_scaled_conv(body.conv, _scalar(body.scale_res)))
         self.scale_x = _scalar(body.scale_x)
 
     def forward(self, image: Tensor) -> Tensor:
@@ -229,9 +232,9 @@ class FoldedBody(nn.Module):
         for hpb, weight, packed in parts:
             feat = hpb(feat)
             if merged is None:
-                merged = winograd.conv3x3(feat, weight, self.reduce_bias, packed)
+                merged = conv_choice.conv3x3(feat, weight, self.reduce_bias, packed)
             else:
-                merged = merged.add_(winograd.conv3x3(feat, weight, packed=packed))
+                merged = merged.add_(conv_choice.conv3x3(feat, weight, packed=packed))
         del feat
         return self.conv(self.transformer(merged)).add_(_float32(self.head, image), alpha=self.scale_x)
 

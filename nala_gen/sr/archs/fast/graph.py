@@ -7,8 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nala_gen.ops import winograd
-
+from . import conv_choice
 from .body import FoldedBody, _float32
 from .upsampler import ComposedUpsampler
 
@@ -31,7 +30,7 @@ class ESRTInferenceGraph(nn.Module):
         self.upscale = net.upscale
         # The 3x3 ``reduce`` before the tail stays its own layer: composed in, it would widen the kernel from 5x5
         # to 7x7 (about twice the multiply-adds of the two apart).
-        self.reduce = winograd.winograd_layer(net.reduce)
+        self.reduce = conv_choice.layer(net.reduce)
         self.tail = ComposedUpsampler(net.tail, channels, net.upscale)
         if not isinstance(net.skip[-1], nn.ReLU):
             raise TypeError("the skip upsampler is expected to end in a ReLU (ESRT's layout)")

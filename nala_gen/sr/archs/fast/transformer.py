@@ -17,6 +17,8 @@ from nala_gen.attention import inference as block_inference
 from nala_gen.attention.inference import HeadGroupedMix, row_bands
 from nala_gen.ops import tracing, winograd
 
+from . import conv_choice
+
 Tensor = torch.Tensor
 Grid = tuple[int, int]
 
@@ -28,7 +30,7 @@ STREAMED_BAND_BYTES = 48 * 2**20
 
 def _pointwise(t: Tensor, hw: Grid, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """:func:`~nala_gen.attention.inference.pointwise` by the project's 1x1 kernel where it applies."""
-    return block_inference.pointwise(t, hw, weight, bias, winograd.conv1x1)
+    return block_inference.pointwise(t, hw, weight, bias, conv_choice.conv1x1)
 
 
 def _padded_rows(weight: Tensor, multiple: int = 16) -> Tensor:
@@ -86,7 +88,7 @@ class ConvolvedTokens:
         composed = (w @ self.weight.flatten(1)).view(-1, *self.weight.shape[1:])
         offset = w @ self.reduce_bias if bias is None else torch.addmv(bias.to(w.dtype), w, self.reduce_bias)
         part, rows = _rows_with_halo(self.x, start, stop, 1)
-        out = ComposedTransformer._tokens(winograd.conv3x3(part, composed)[..., rows, :])
+        out = ComposedTransformer._tokens(conv_choice.conv3x3(part, composed)[..., rows, :])
         tokens = slice(start * self.hw[1], None if stop is None else stop * self.hw[1])
         return out.addcmul_(self.mean[:, tokens], w @ self.reduce_sum, value=-1).mul_(self.rstd[:, tokens]).add_(offset)
 
@@ -124,7 +126,7 @@ class ComposedTransformer(nn.Module):
             raise TypeError("the attention's reduction is expected to have no bias (ESRT's layout)")
         self.attention = attn
         block = getattr(attn, "block", None)  # NaLaSR's NaLaTokenAttention: its NaLa block, a head group at a time
-        self.mix = HeadGroupedMix(block, winograd.conv1x1) if isinstance(block, NaLaAttention) else attn.mix
+        self.mix = HeadGroupedMix(block, conv_choice.conv1x1) if isinstance(block, NaLaAttention) else attn.mix
         like = attn.reduce.weight
 
         def f64(t: Tensor) -> Tensor:
@@ -250,7 +252,7 @@ class ComposedTransformer(nn.Module):
         (B, n, 2), n their tokens."""
         d, r = self.dim, self.reduced
         part, rows = _rows_with_halo(x, start, stop, 1)
-        conv = self._tokens(winograd.conv3x3(part, self.x_weight_in, packed=self.x_weight_in_packed)[..., rows, :])
+        conv = self._tokens(conv_choice.conv3x3(part, self.x_weight_in, packed=self.x_weight_in_packed)[..., rows, :])
         part, rows = _rows_with_halo(square_sum, start, stop, 1)
         sums = torch.cat([conv[..., r : r + 1], self._tokens(F.conv2d(part, self.box, padding=1)[..., rows, :])], -1)
         mean_t = sums[..., :1] / d
@@ -271,14 +273,16 @@ class ComposedTransformer(nn.Module):
         else:
             part, rows = _rows_with_halo(x, first, last, 1)
             sums, hw = sums[:, first * width : last * width], (last - first, width)
-        conv = self._tokens(winograd.conv3x3(part, self.x_weight_proj, packed=self.x_weight_proj_packed)[..., rows, :])
+        conv = self._tokens(
+            conv_choice.conv3x3(part, self.x_weight_proj, packed=self.x_weight_proj_packed)[..., rows, :]
+        )
         lin = _pointwise(h, hw, self.h_weight_proj)  # (B, n, R + 2 + pad)
         mean_a = (sums[..., :1] + lin[..., r : r + 1] + self.proj_bias_sum) / d
         t_dot_o = _row_dot(conv[..., :r], h) + conv[..., r : r + 1]
         o_sq = _row_dot(lin[..., :r], h) + 2 * lin[..., r + 1 : r + 2] + self.proj_bias_sq
         del conv, lin
         rstd_a = torch.rsqrt((sums[..., 1:] + 2 * t_dot_o + o_sq) / d - mean_a.square() + self.eps2)
-        pre = self._tokens(winograd.conv3x3(part, self.x_weight_fc1, packed=self.x_weight_fc1_packed)[..., rows, :])
+        pre = self._tokens(conv_choice.conv3x3(part, self.x_weight_fc1, packed=self.x_weight_fc1_packed)[..., rows, :])
         pre.add_(_pointwise(h, hw, self.h_weight_fc1)).add_(self.fc1_inner)
         z = pre.addcmul_(mean_a, self.fc1_sum, value=-1).mul_(rstd_a).add_(self.fc1_bias).relu_()  # (B, n, M + pad)
         del pre  # the fold below holds only h and z
@@ -286,8 +290,8 @@ class ComposedTransformer(nn.Module):
         def grid(t: Tensor) -> Tensor:  # (B, n, K) -> (B, K, last - first, W), channels-last strides
             return t.reshape(b, hw[0], width, -1).permute(0, 3, 1, 2)
 
-        out = winograd.conv3x3(grid(h), self.fold_h, self.fold_bias_inside, self.fold_h_packed)
-        out += winograd.conv3x3(grid(z), self.fold_z, packed=self.fold_z_packed)
+        out = conv_choice.conv3x3(grid(h), self.fold_h, self.fold_bias_inside, self.fold_h_packed)
+        out += conv_choice.conv3x3(grid(z), self.fold_z, packed=self.fold_z_packed)
         return out if stop is None else out[..., start - first : stop - first, :]
 
     def _add_fold_edges(self, out: Tensor, x: Tensor) -> Tensor:

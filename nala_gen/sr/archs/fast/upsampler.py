@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nala_gen.ops import winograd
+from . import conv_choice
 
 Tensor = torch.Tensor
 
@@ -123,7 +123,7 @@ class ComposedUpsampler(nn.Module):
         self.register_buffer("weight", weight.to(like), persistent=False)
         self.register_buffer("bias", bias.to(like), persistent=False)
         # the border strips' chain, its 3x3 convolutions by the Winograd kernels where they apply (shared layers)
-        self.chain = nn.Sequential(*map(winograd.winograd_layer, chain)) if isinstance(chain, nn.Sequential) else chain
+        self.chain = nn.Sequential(*map(conv_choice.layer, chain)) if isinstance(chain, nn.Sequential) else chain
         self.scale = scale
         self.radius = radius
 
