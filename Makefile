@@ -64,7 +64,7 @@ sr-data: $(STAMP)
 # trained-entropy and digits-quality steps read the shipped weights (make weights-sr / weights-diffusion).
 # The pre-block NaLaDiT (it samples better) and its softmax twin are kept (*-preblock); the retired pre-block
 # NaLaSiT's row was measured from weights/nalasit-digits at commit 9e1e4df (nala-gen quality -m that folder).
-DIGITS_MODELS := naladit-digits naladit-digits-preblock nalasit-digits naladit-digits-softmax naladit-digits-softmax-preblock
+DIGITS_MODELS := naladit-digits naladit-digits-block nalasit-digits naladit-digits-softmax naladit-digits-softmax-block
 bench: $(STAMP)
 	$(BIN)/nala-bench attention --backward --repeats 9
 	$(BIN)/nala-bench attention --contention --sizes 16384 71680 --methods nala nala_eager relu --repeats 9
@@ -132,8 +132,10 @@ weights-sr: $(STAMP)
 	for run in $(SR_RUNS); do $(BIN)/python -m nala_gen.sr.train -opt options/train/$$run.yml --auto_resume || exit 1; done
 	PATH=$(BIN):$$PATH $(BIN)/python scripts/ship_sr_weights.py
 
-# The shipped digits pipelines: three CPU trainings (about an hour each; resumable), then export to weights/.
-DIGITS_RUNS := naladit_digits:naladit-digits nalasit_digits:nalasit-digits naladit_digits_softmax:naladit-digits-softmax
+# The shipped digits pipelines: five CPU trainings (about an hour each; resumable), then export to weights/. The
+# block pair now starts its attention neutral; the shipped block pair started from Xavier weights (their cards).
+DIGITS_RUNS := naladit_digits:naladit-digits nalasit_digits:nalasit-digits naladit_digits_softmax:naladit-digits-softmax \
+	naladit_digits_block:naladit-digits-block naladit_digits_softmax_block:naladit-digits-softmax-block
 weights-diffusion: $(STAMP)
 	for run in $(DIGITS_RUNS); do \
 		cfg=$${run%%:*}; name=$${run##*:}; \

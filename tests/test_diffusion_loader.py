@@ -13,10 +13,10 @@ from nala_gen.weights import resolve
 
 SHIPPED = [
     "naladit-digits",
-    "naladit-digits-preblock",
+    "naladit-digits-block",
     "nalasit-digits",
     "naladit-digits-softmax",
-    "naladit-digits-softmax-preblock",
+    "naladit-digits-softmax-block",
 ]
 
 # Run in a fresh interpreter that never imports nala_gen itself: only diffusers and the folder.

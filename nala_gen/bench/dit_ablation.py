@@ -8,7 +8,7 @@ judges' accuracy on the samples (the CNN and the independent SVC) and the Fréch
 (lower is better).
 
     nala-bench dit-ablation [--steps 6000] [--seeds 0 1 2] [--variants preblock nala ...]
-                            [--adopt preblock=naladit-digits-preblock] [--rescore] [--report-only]
+                            [--adopt preblock=naladit-digits] [--rescore] [--report-only]
     nala-bench dit-ablation --steps 3000 --seeds 0 --variants parts   # the block's parts, one at a time
 
 Runs live under ``experiments/`` as ``dit_digits_<variant>_<steps>st_seed<seed>`` and resume from their newest
@@ -47,14 +47,14 @@ class Variant:
     about: str = ""
 
 
-BLOCK = Path("options/diffusion/naladit_digits.yml")
+BLOCK = Path("options/diffusion/naladit_digits_block.yml")
 PREBLOCK_KERNEL = {"angle_scale": "sqrt_d", "key_map": "direction"}  # the kernel options of the pre-block configs
 VARIANTS = {
-    # The model naladit-digits replaced (shipped as naladit-digits-preblock): no RoPE, LePE or gate, that
-    # time's kernel options. The reference of every table.
-    "preblock": Variant(Path("options/diffusion/naladit_digits_preblock.yml"), about="the model the block replaced"),
+    # The shipped naladit-digits, which the block model (naladit-digits-block) was to replace: no RoPE, LePE or
+    # gate, the kernel options of its time. The reference of every table.
+    "preblock": Variant(Path("options/diffusion/naladit_digits.yml"), about="the model the block was to replace"),
     "nala": Variant(BLOCK, about="the paper's block, its parts started neutral (today's config)"),
-    "nala_xavier": Variant(BLOCK, {"attention_init": "xavier"}, "the block as the shipped naladit-digits started"),
+    "nala_xavier": Variant(BLOCK, {"attention_init": "xavier"}, "the block as naladit-digits-block started"),
     "nala_no_rope": Variant(BLOCK, {"rope": False}, "the block without RoPE"),
     "nala_no_lepe": Variant(BLOCK, {"lepe": False}, "the block without LePE"),
     "nala_no_gate": Variant(BLOCK, {"gate": False}, "the block without the gate"),
@@ -63,9 +63,9 @@ VARIANTS = {
         Path("options/diffusion/naladit_digits_norm_tracked.yml"), about="preblock with the tracked norm scale"
     ),
     "softmax_preblock": Variant(
-        Path("options/diffusion/naladit_digits_softmax_preblock.yml"), about="preblock with softmax attention"
+        Path("options/diffusion/naladit_digits_softmax.yml"), about="preblock with softmax attention"
     ),
-    "softmax": Variant(Path("options/diffusion/naladit_digits_softmax.yml"), about="the block with softmax"),
+    "softmax": Variant(Path("options/diffusion/naladit_digits_softmax_block.yml"), about="the block with softmax"),
 }
 # What a variant changes against the reference's config (for the table): its model fields that differ.
 MODEL_FIELDS = ("kernel", "kernel_options", "attention_norm_scale", "rope", "lepe", "gate", "attention_init")

@@ -11,7 +11,7 @@ the larger sides measure the architecture at 4x the tokens per doubling (patch 2
 Each (model, side) point is a fresh process; ``--rounds`` alternates the models round by round (this VM's speed
 drifts between processes), and a row is its median process, keeping every round's latency. JSON + PNG.
 
-    nala-bench dit-sizes [--models naladit-digits naladit-digits-softmax] [--sides 32 64 128] [--rounds 3]
+    nala-bench dit-sizes [--models naladit-digits-block naladit-digits-softmax-block] [--sides 32 64 128] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from nala_gen.bench.worker import run_fresh
 
 # The measurement (each call a fresh process) and its points: MODELS × SIDES.
 MEASURE = "nala_gen.bench.dit_sizes:worker"
-MODELS = ("naladit-digits", "naladit-digits-softmax")
+MODELS = ("naladit-digits-block", "naladit-digits-softmax-block")
 SIDES = (32, 64, 128)
 
 
