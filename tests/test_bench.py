@@ -557,7 +557,10 @@ def test_dit_sizes_times_both_models_at_each_side_with_paired_rounds(tmp_path):
     rows = {(r["model"], r["side"]): r for r in result["rows"]}
     assert set(rows) == {(m, s) for m in ("naladit-digits-block", "naladit-digits-softmax-block") for s in (8, 16)}
     assert rows[("naladit-digits-block", 16)]["tokens"] == 64 and rows[("naladit-digits-block", 8)]["tokens"] == 16
-    assert {rows[("naladit-digits-block", 8)]["kernel"], rows[("naladit-digits-softmax-block", 8)]["kernel"]} == {"nala", "softmax"}
+    assert {rows[("naladit-digits-block", 8)]["kernel"], rows[("naladit-digits-softmax-block", 8)]["kernel"]} == {
+        "nala",
+        "softmax",
+    }
     assert all(len(r["rounds_s"]) == 2 for r in rows.values())
     assert [len(v) for v in result["ratio_rounds"].values()] == [2, 2]
     assert (tmp_path / "dit_sizes.png").is_file()

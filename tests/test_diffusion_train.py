@@ -55,7 +55,13 @@ def logged_losses(output_dir: Path) -> dict[int, float]:
 
 # ------------------------------------------------------------------------------------------- config and data
 def test_shipped_configs_load_and_overrides_apply():
-    for name in ("naladit_digits", "naladit_digits_block", "nalasit_digits", "naladit_digits_softmax", "naladit_digits_softmax_block"):
+    for name in (
+        "naladit_digits",
+        "naladit_digits_block",
+        "nalasit_digits",
+        "naladit_digits_softmax",
+        "naladit_digits_softmax_block",
+    ):
         config = load_config(REPO / "options" / "diffusion" / f"{name}.yml")
         assert config.data.source == "digits" and config.model["patch_size"] == 2
     config = load_config(REPO / "options/diffusion/naladit_digits.yml", ["model.kernel=softmax", "lr=1e-3"])

@@ -6,8 +6,9 @@ PyTorch path, i.e. before the op). Steps:
 * ``nalasr_train``: the shipped NaLaSR-light x4 network in train mode, the mini options' batch (8 LR patches of
   32 x 32, 128 x 128 HR), L1 loss against a random target, one Adam step; forward + backward + update;
 * ``nalasr_upscale``: the same network's whole-image forward at 256 x 256 LR (1 MP out), inference mode;
-* ``naladit_sample``: one denoiser call of the shipped naladit-digits transformer on a classifier-free-guidance
-  batch (2 x 4 latents at its sample size), inference mode.
+* ``naladit_sample``: one denoiser call of the shipped naladit-digits-block transformer (the NaLa block with
+  RoPE, LePE and the gate, all of which the fused path covers) on a classifier-free-guidance batch (2 x 4 latents
+  at its sample size), inference mode.
 
 Reports the median of ``--repeats`` timed runs after one warm-up, and the eager/fused ratio per step.
 
@@ -63,7 +64,7 @@ def _step_fn(step: str):
         return train
     from nala_gen.diffusion.loading import load_pipeline
 
-    pipe, _ = load_pipeline("naladit-digits")
+    pipe, _ = load_pipeline("naladit-digits-block")
     model = pipe.transformer.eval()
     config = model.config
     latents = torch.randn(8, config.in_channels, config.sample_size, config.sample_size)
