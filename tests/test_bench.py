@@ -442,6 +442,43 @@ def test_peer_rounds_alternate_fresh_processes_and_keep_the_median_one(tmp_path)
         assert r["latency_s"] == sorted(rounds)[1] and r["status"] == "ok"
 
 
+def test_the_per_cpu_board_is_a_file_per_cpu_whose_rows_name_the_cpu_and_its_caps(tmp_path, monkeypatch):
+    from nala_gen.bench import sr_scaling_tables, tables
+    from nala_gen.bench.sr_scaling import cpu_slug, peers_main
+    from nala_gen.devices import cpu_model
+
+    args = ["--models", "nalasr", "srvgg", "--sides", "8", "--repeats", "1", "--rounds", "2", "--per-cpu"]
+    assert peers_main([*args, "--out", str(tmp_path)]) == 0
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # the stand-in for a CPU without AVX-512: a file of its own
+    assert peers_main([*args, "--out", str(tmp_path)]) == 0
+    files = sorted(p.name for p in (tmp_path / "peers_by_cpu").glob("*.json"))
+    native = cpu_slug({"cpu": cpu_model()})
+    assert (
+        files == sorted([f"{native}.json", f"{native}-onednn-avx2.json"]) and not (tmp_path / "sr_peers.json").exists()
+    )
+    stand_in = json.loads((tmp_path / "peers_by_cpu" / f"{native}-onednn-avx2.json").read_text())
+    assert stand_in["machine"]["isa_caps"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    for r in stand_in["rows"]:
+        assert r["cpu"] == cpu_model() and isinstance(r["cpu_flags"], list) and len(r["rounds_latency_s"]) == 2
+    # rendered one table per file, each ratio from its own rounds, the lowest named for the README
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    monkeypatch.setattr(sr_scaling_tables, "PER_CPU", tuple(f"peers_by_cpu/{name}" for name in files))
+    rendered = sr_scaling_tables.peers_by_cpu_table()
+    assert rendered.count("| LR side → MP out |") == 2 and "target" in rendered
+    ratios = sr_scaling_tables.per_cpu_ratios(f"peers_by_cpu/{native}-onednn-avx2.json")[8]
+    by = {r["model"]: r["rounds_latency_s"] for r in stand_in["rows"]}
+    assert ratios == sorted(s / n for n, s in zip(by["nalasr"], by["srvgg"]))
+    lowest, where = sr_scaling_tables.lowest_per_cpu_ratio(side=8)
+    assert where.startswith(cpu_model()) and f"{lowest:.2f}×" in rendered
+
+
+def test_cpu_slugs_name_the_model_and_the_stand_in():
+    from nala_gen.bench.sr_scaling import cpu_slug
+
+    assert cpu_slug({"cpu": "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz"}) == "intel-xeon-platinum-8481c-2-70ghz"
+    assert cpu_slug({"cpu": "AMD EPYC", "isa_caps": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}) == "amd-epyc-onednn-avx2"
+
+
 @pytest.mark.slow
 def test_dit_ablation_trains_scores_adopts_and_reports_on_a_tiny_budget(tmp_path, monkeypatch):
     import shutil

@@ -32,13 +32,22 @@ def write_json(target: Path, result: dict, quiet: bool = False) -> None:
         print(f"wrote {target}")
 
 
+# The CPU flags that decide which kernels run (ours and oneDNN's), and the variables that cap them: a result says
+# both, so that a figure from a CPU without AVX-512, or from a stand-in for one, is never read as another's.
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16")
+ISA_CAPS = ("ONEDNN_MAX_CPU_ISA", "NALA_GEN_FUSED_ISA", "NALA_GEN_WINOGRAD_ISA", "NALA_GEN_WINOGRAD")
+
+
 def machine_info(device: str) -> dict:
-    """What a result file says about where it ran: CPU, cores, torch, threads and, on CUDA, the GPU."""
+    """What a result file says about where it ran: CPU (model, its instruction-set flags and any variable that caps
+    them), cores, torch, threads and, on CUDA, the GPU."""
     import torch
 
-    from nala_gen.devices import cpu_model
+    from nala_gen.devices import cpu_flags, cpu_model
 
     info = {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "torch": torch.__version__}
+    info["cpu_flags"] = [flag for flag in ISA_FLAGS if flag in cpu_flags()]
+    info["isa_caps"] = {name: os.environ[name] for name in ISA_CAPS if os.environ.get(name)}
     info["threads"] = torch.get_num_threads()
     info["device"] = device
     if device != "cpu":

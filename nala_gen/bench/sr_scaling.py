@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -408,6 +409,31 @@ def _median_process(results: list[dict]) -> dict:
     return middle if len(results) == 1 else {**middle, "rounds_latency_s": [r["latency_s"] for r in results]}
 
 
+def cpu_slug(machine: dict) -> str:
+    """A file name for the machine's board: its CPU model, and the cap when one stands in for another CPU
+    (``amd-epyc``, ``amd-epyc-onednn-avx2``)."""
+    words = re.findall(r"[a-z0-9]+", machine["cpu"].lower())
+    slug = "-".join(w for w in words if w not in ("processor", "cpu", "r", "tm")) or "unknown-cpu"
+    cap = machine.get("isa_caps", {}).get("ONEDNN_MAX_CPU_ISA")
+    return slug + (f"-onednn-{cap.lower()}" if cap else "")
+
+
+def write_per_cpu(args, rows: list[dict], costs: dict, limit: int, run: str) -> int:
+    """The board as one CPU's file under ``peers_by_cpu/``: every row names the CPU and its flags."""
+    machine = machine_info("cpu")
+    for row in rows:
+        row.update(cpu=machine["cpu"], cpu_flags=machine["cpu_flags"], isa_caps=machine["isa_caps"])
+    result = {"machine": machine, "scale": 4, "repeats": args.repeats, "rounds": max(1, args.rounds), "run": run}
+    result.update(mem_limit_bytes=limit, costs=costs, rows=rows)
+    folder = args.out / "peers_by_cpu"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{cpu_slug(machine)}.json"
+    path.write_text(json.dumps(result, indent=1))
+    plot_pareto(rows, {}, path.with_suffix(".png"))
+    print(f"wrote {path} and {path.with_suffix('.png')}")
+    return 0
+
+
 def peers_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nala-bench peers", description="NaLaSR among the SR networks people use.")
     parser.add_argument("--models", nargs="+", default=list(BOARD), choices=list(ARCHS))
@@ -452,6 +478,12 @@ def peers_main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="rerun only --models at --sides and keep every other row of the existing sr_peers.json (other networks, "
         "other sides; each row says which run measured it)",
+    )
+    parser.add_argument(
+        "--per-cpu",
+        action="store_true",
+        help="write the board to peers_by_cpu/<cpu>.json (one file per CPU model, and per stand-in such as "
+        "ONEDNN_MAX_CPU_ISA=AVX2), which the docs render one table each, instead of sr_peers.json",
     )
     parser.add_argument(
         "--replot",
@@ -502,6 +534,8 @@ def peers_main(argv: list[str] | None = None) -> int:
                 else f"{row['status']}: {row.get('note', '')[:80]}"
             )
             print(f"{model:<7} {side:>4}² LR  {shown}", flush=True)
+    if args.per_cpu:
+        return write_per_cpu(args, rows, costs, limit, run)
     stem = "sr_peers" if args.precisions == ["fp32"] else "sr_peers_precision"
     previous = args.out / f"{stem}.json"
     if args.keep_others and previous.is_file():

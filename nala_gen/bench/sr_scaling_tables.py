@@ -7,7 +7,9 @@ none.
 
 from __future__ import annotations
 
-from nala_gen.bench.tables import Table, cores, load, row
+import statistics
+
+from nala_gen.bench.tables import RESULTS, Table, cores, load, row
 
 
 def sr_cost_table(file: str = "sr_scaling.json") -> str:
@@ -208,7 +210,93 @@ def sr_profile_convolutions_table(top: int = 6) -> str:
     return "\n".join(lines)
 
 
+PER_CPU = tuple(sorted(f"peers_by_cpu/{p.name}" for p in (RESULTS / "peers_by_cpu").glob("*.json")))
+# Issue 58's targets for NaLaSR over SRVGGNetCompact, by LR side (1 and 4 MP out): with the AVX-512 kernels, and
+# on a CPU without AVX-512 (its stand-in: ONEDNN_MAX_CPU_ISA=AVX2 with the project's AVX-512 paths off)
+TARGETS = {"avx512": {250: 1.5, 500: 1.3}, "avx2": {250: 1.0, 500: 1.0}}
+
+
+def board_isa(machine: dict) -> str:
+    """``avx512`` where the board ran the AVX-512 paths, ``avx2`` where a cap or the CPU kept them off."""
+    caps = machine.get("isa_caps", {})
+    capped = caps.get("ONEDNN_MAX_CPU_ISA", "").upper().startswith("AVX2") or caps.get("NALA_GEN_WINOGRAD_ISA") in (
+        "avx2",
+        "baseline",
+    )
+    return "avx2" if capped or "avx512f" not in machine.get("cpu_flags", ["avx512f"]) else "avx512"
+
+
+def per_cpu_ratios(file: str) -> dict[int, list[float]]:
+    """SRVGG's time over NaLaSR's in each round (same round, alternated processes), by LR side, sorted."""
+    rows = load(file)["rows"]
+    rounds = {
+        (r["model"], r["lr_side"]): r.get("rounds_latency_s", [r["latency_s"]]) for r in rows if r["status"] == "ok"
+    }
+    return {
+        side: sorted(p / m for m, p in zip(rounds[("nalasr", side)], rounds[("srvgg", side)]))
+        for side in sorted({s for _, s in rounds})
+        if ("nalasr", side) in rounds and ("srvgg", side) in rounds
+    }
+
+
+def lowest_per_cpu_ratio(side: int = 250) -> tuple[float, str] | None:
+    """The lowest median ratio at ``side`` among the CPUs' boards, and where: what the README quotes."""
+    found = []
+    for file in PER_CPU:
+        ratios = per_cpu_ratios(file).get(side)
+        if ratios:
+            machine = load(file)["machine"]
+            cap = machine.get("isa_caps", {}).get("ONEDNN_MAX_CPU_ISA")
+            found.append((statistics.median(ratios), machine["cpu"] + (f" (oneDNN capped at {cap})" if cap else "")))
+    return min(found) if found else None
+
+
+def peers_by_cpu_table() -> str:
+    """NaLaSR against SRVGGNetCompact, one table per CPU model (and per stand-in) measured, with the targets."""
+    if not PER_CPU:
+        return "No per-CPU board has been run yet (`nala-bench peers --models nalasr srvgg --rounds 5 --per-cpu`)."
+    lines = []
+    for file in PER_CPU:
+        data = load(file)
+        machine = data["machine"]
+        isa = board_isa(machine)
+        caps = ", ".join(f"`{k}={v}`" for k, v in machine.get("isa_caps", {}).items()) or "none"
+        by = {(r["model"], r["lr_side"]): r for r in data["rows"]}
+        ratios = per_cpu_ratios(file)
+        lines += [
+            f"**{machine['cpu']}**, {machine['cpu_count']} cores, torch {machine['torch']}; flags "
+            f"{', '.join(machine.get('cpu_flags', [])) or 'not recorded'}; caps {caps}; {data['run']}. Median of "
+            f"{data['repeats']} passes per process, {data['rounds']} processes per point, the two networks alternated "
+            "round by round; the ratio is SRVGG's time over NaLaSR's in the same round (median, lowest–highest).",
+            "",
+            "| LR side → MP out | NaLaSR-light | SRVGGNetCompact | NaLaSR's speed over SRVGG's | target | "
+            "process peak NaLaSR / SRVGG |",
+            "|---|---|---|---|---|---|",
+        ]
+        for side, side_ratios in ratios.items():
+            nala, srvgg = by[("nalasr", side)], by[("srvgg", side)]
+            target = TARGETS[isa].get(side)
+            median = statistics.median(side_ratios)
+            verdict = "" if target is None else f"≥ {target:.1f}×: {'met' if median >= target else 'not met'}"
+            lines.append(
+                row(
+                    f"{side}² → {nala['output_megapixels']:.2f}",
+                    f"{nala['latency_s']:.3f} s",
+                    f"{srvgg['latency_s']:.3f} s",
+                    f"{median:.2f}× ({side_ratios[0]:.2f}–{side_ratios[-1]:.2f})",
+                    verdict,
+                    f"{nala['process_peak_bytes'] / 2**20:,.0f} / {srvgg['process_peak_bytes'] / 2**20:,.0f} MiB",
+                )
+            )
+        lines.append("")
+    lowest = lowest_per_cpu_ratio()
+    if lowest:
+        lines.append(f"Lowest median ratio at 1 MP among the boards above: {lowest[0]:.2f}× ({lowest[1]}).")
+    return "\n".join(lines).rstrip()
+
+
 TABLES = (
+    Table("peers-by-cpu", PER_CPU, peers_by_cpu_table),
     Table("sr-cost", ("sr_scaling.json",), sr_cost_table),
     Table("sr-peers", ("sr_peers.json",), sr_peers_table),
     Table("sr-peers-precision", ("sr_peers_precision.json",), sr_peers_precision_table),
