@@ -1,7 +1,8 @@
 """``nala_gen.sr`` laid out by job: BasicSR users' own scripts work after one import, the pre-layout module paths
-still import (deprecated, the same module objects), and the sub-packages import one way, without circles."""
+are gone (nothing was released with them), and the sub-packages import one way, without circles."""
 
 import ast
+import importlib
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,6 @@ from pathlib import Path
 import pytest
 
 import nala_gen.sr
-from nala_gen.sr._moved import MOVED
 
 SR_ROOT = Path(nala_gen.sr.__file__).parent
 
@@ -65,47 +65,12 @@ def test_without_the_alias_basicsr_does_not_import():
     assert "functional_tensor" in done.stderr
 
 
-def forget(old: str) -> None:
-    """As if ``old`` was never imported here: the next import of it goes through the finder (and warns) again."""
-    sys.modules.pop(old, None)
-    parent, _, leaf = old.rpartition(".")
-    if getattr(sys.modules[parent], leaf, None) is not None:
-        delattr(sys.modules[parent], leaf)
-
-
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_old_module_paths_import_with_a_deprecation_warning(old):
-    new = MOVED[old]
-    forget(old)
-    with pytest.warns(DeprecationWarning, match=rf"{old} moved to {new}"):
-        __import__(old)
-    assert sys.modules[old] is sys.modules[new]  # the same module: patches on either path apply to both
-
-
-def test_old_from_imports_still_work():
-    forget("nala_gen.sr.models")
-    forget("nala_gen.sr.upscaler")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        from nala_gen.sr.upscaler import Upscaler
-
-        from nala_gen.sr import models, upscaler  # noqa: F401  (the pre-layout spellings)
-
-    from nala_gen.sr.upscale.engine import Upscaler as moved_upscaler
-
-    assert Upscaler is moved_upscaler
-    assert {str(w.message).split()[0] for w in caught if w.category is DeprecationWarning} >= {
-        "nala_gen.sr.models",
-        "nala_gen.sr.upscaler",
-    }
-
-
-def test_every_moved_module_exists_and_no_old_file_is_left():
-    for old, new in MOVED.items():
-        assert (SR_ROOT.parent.parent / Path(*new.split("."))).with_suffix(".py").is_file() or (
-            SR_ROOT.parent.parent / Path(*new.split(".")) / "__init__.py"
-        ).is_file(), new
-        assert not (SR_ROOT / f"{old.rsplit('.', 1)[1]}.py").exists(), f"{old} is both moved and present"
+def test_the_pre_layout_module_paths_are_gone():
+    """They were kept, deprecated, until a release that never came (contributing.md: moving a module)."""
+    for old in ("nala_gen.sr.upscaler", "nala_gen.sr.models", "nala_gen.sr.nalasr_arch", "nala_gen.sr.inference_graph"):
+        with pytest.raises(ModuleNotFoundError):
+            importlib.import_module(old)
+    assert not list(SR_ROOT.glob("_moved.py"))
 
 
 def _sr_imports(path: Path) -> set[str]:

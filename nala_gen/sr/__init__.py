@@ -13,18 +13,17 @@ Laid out by job, as BasicSR lays out its package:
 * :mod:`nala_gen.sr.loading`: networks from named weights, cards or BasicSR checkpoints.
 
 Importing this package is cheap (no torch): it makes ``import basicsr`` work with current torchvision
-(:mod:`nala_gen.sr.torchvision_alias`) and keeps the pre-layout module paths importable, deprecated
-(:mod:`nala_gen.sr._moved`). The names below load on first use, so ``nala-sr --help`` does not import torch.
+(:mod:`nala_gen.sr.torchvision_alias`). The names below load on first use, so ``nala-sr --help`` does not import
+torch.
 """
 
 from __future__ import annotations
 
 import importlib
 
-from . import _moved, torchvision_alias
+from . import torchvision_alias
 
 torchvision_alias.install()
-_moved.install()
 
 # name -> module that defines it
 _LAZY = {"ESRT": ".archs.esrt_arch", "NaLaSR": ".archs.nalasr_arch", "NALASR_SIZES": ".archs.nalasr_arch"}

@@ -46,8 +46,6 @@ and its own ``forward`` runs it in inference. What it changes, each exact in rea
 runs them as they are and holds new ones where it folds weights (the network is never changed); the network builds
 it again when its parameters change. Outputs match the plain forward to float32 rounding (tests hold them to 1e-5;
 on the shipped weights the largest difference is a few 1e-6).
-
-``nala_gen.sr.archs.inference_graph``, this package's name until the network owned it, still imports (deprecated).
 """
 
 from __future__ import annotations
