@@ -62,8 +62,8 @@ sr-data: $(STAMP)
 
 # Every file under benchmarks/results/ (hours on a 2-core CPU: the SR ablation trains five models). The
 # trained-entropy and digits-quality steps read the shipped weights (make weights-sr / weights-diffusion).
-# The pre-block NaLaDiT (it samples better) and its softmax twin are kept (*-preblock); the retired pre-block
-# NaLaSiT's row was measured from weights/nalasit-digits at commit 9e1e4df (nala-gen quality -m that folder).
+# NaLaDiT ships as the pre-block model (it samples better); the block model and its softmax twin are kept
+# (*-block); the retired pre-block NaLaSiT's row was measured from weights/nalasit-digits at commit 9e1e4df (nala-gen quality -m that folder).
 DIGITS_MODELS := naladit-digits naladit-digits-block nalasit-digits naladit-digits-softmax naladit-digits-softmax-block
 bench: $(STAMP)
 	$(BIN)/nala-bench attention --backward --repeats 9
