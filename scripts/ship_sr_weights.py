@@ -70,6 +70,13 @@ STAGE_9 = (
     "this checkout, over two sessions (resumed from its checkpoint at 2,000 iterations), stopped (SIGSTOP) for about "
     "15 minutes of timings and beside builds and tests of issue 39; it shipped before ESRT's stage 9 had finished"
 )
+STAGE_10 = (
+    "; stage 10 (issue 56: the 490 photographs, batch 4, LR patch 48 px, channels-last with a bf16 forward where "
+    "the CPU has native bf16) ran in one sitting with one thread (OMP_NUM_THREADS=1), beside a NaLaDiT ablation "
+    "training (one thread) and fresh-clone test runs, from stage 9's shipped weights (--force_yml: stage 9 had "
+    "trained in another checkout); it ships its EMA at the sitting's last checkpoint, scored on the four standard "
+    "sets before and after (sets_psnr)"
+)
 ESRT_STAGE_9 = (
     "; stage 9 (stage 6's recipe) started beside the other x4 network's stage 9, one thread each, but its checkout "
     "was not handed on at 1,000 iterations; it ran again from the start in the next session, with two threads and "
@@ -81,7 +88,7 @@ ESRT_STAGE_9 = (
 )
 RUN_NOTES = {
     "nalasr-light-x4": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
-    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7 + STAGE_8 + STAGE_9,
+    "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7 + STAGE_8 + STAGE_9 + STAGE_10,
     "esrt-x4": "stage 1 ran beside the nalasr-light-x4 run, " + ONE_THREAD + ", while tests and a memory benchmark "
     "ran too" + STAGE_2 + STAGE_3 + STAGE_4 + STAGE_5 + STAGE_6 + STAGE_7 + STAGE_8 + ESRT_STAGE_9,
     "nalasr-light-x2": "stage 1 ran beside the esrt-x4 run, " + ONE_THREAD + "; stage 2 ran with two threads "
@@ -136,11 +143,20 @@ DATA = {
     "scikit-image, 480 px HR sub-images, MATLAB-bicubic LR)",
     "photos_enlarged": "enlarged photo set train split (nala-sr prepare photos since issue 38: the photo set's 29 "
     "plus 15 lomiri photographs, train only, 480 px HR sub-images, MATLAB-bicubic LR)",
+    "photographs_490": "the 490 training photographs of ../shared/datasets/train (T91, BSD200 and the BSDS500 test "
+    "split; nala-sr prepare train: 3,327 HR sub-images of 240 px from the 439 of at least 192 px, MATLAB-bicubic "
+    "LR; none of them a test picture)",
 }
 VALIDATION = {
     "mini_val": "embedded mini val split (2 scikit-learn + 2 scikit-image photos, held out)",
     "photos_val": "photo set val split (8 pictures held out by picture, among them the mini val photos)",
 }
+
+
+def validated_on(opt: dict) -> str:
+    """The validation sets of a run's options (BasicSR's ``val``, or ``val_1``, ``val_2``, ...), as the card says."""
+    names = [d["name"] for key, d in opt["datasets"].items() if key.startswith("val")]
+    return " and ".join(VALIDATION.get(name, name) for name in names)
 
 
 def cpu_name() -> str:
@@ -215,6 +231,29 @@ def stage_facts(name: str, option: str, opt: dict, device: str) -> dict | None:
     return None
 
 
+SETS = "benchmarks/results/sr_sets.json"
+MUST_IMPROVE = ("Set5", "Urban100")
+
+
+def score_on_the_sets(name: str, scale: int, card: Path, before_file: bytes | None) -> bool:
+    """Score the exported weights on the four standard sets (``nala-bench sr-sets --update``), put each set's PSNR
+    before (the weights shipped before) and after on the card's last stage, and say whether Set5 and Urban100
+    improved."""
+    subprocess.run(["nala-bench", "sr-sets", "--update", "--scales", str(scale), "--models", name], check=True)
+    scores = json.loads(Path(SETS).read_text())["scales"][f"x{scale}"]
+    earlier = json.loads(before_file)["scales"].get(f"x{scale}", {}) if before_file else {}
+    psnr = {
+        s: {"before": earlier.get(s, {}).get(name, {}).get("psnr"), "after": scores[s][name]["psnr"]} for s in scores
+    }
+    content = json.loads(card.read_text())
+    stage = content["info"]["stages"][-1] if "stages" in content["info"] else content["info"]
+    stage["sets_psnr"] = psnr
+    card.write_text(json.dumps(content, indent=2) + "\n")
+    for s, p in psnr.items():
+        print(f"{name} x{scale} {s}: {p['before']} -> {p['after']:.3f} dB")
+    return all(psnr[s]["before"] is None or psnr[s]["after"] > psnr[s]["before"] for s in MUST_IMPROVE)
+
+
 def main(names: list[str]) -> int:
     import torch
 
@@ -242,7 +281,7 @@ def main(names: list[str]) -> int:
         iterations = sum(s["iterations"] for s in stages)
         info = {
             "trained_on": ", then ".join(dict.fromkeys(DATA[o["datasets"]["train"]["name"]] for o in stage_opts)),
-            "validated_on": VALIDATION[opt["datasets"]["val"]["name"]],
+            "validated_on": validated_on(opt),
             # BasicSR 1.4.2 sizes its epoch loop with ceil(len / batch) but drops the last partial batch, so a run
             # can stop short of total_iter (7,000 -> 6,954 here): the card gives the iterations actually run.
             "iterations": iterations,
@@ -265,8 +304,10 @@ def main(names: list[str]) -> int:
         from_scratch = not opt["path"].get("pretrain_network_g")
         param_key = None
         if upto is not None:
-            param_key = "params"
-            interim = f"interim: the raw (non-EMA) weights at {upto:,} of {opt['train']['total_iter']:,} iterations. "
+            # a stage from trained weights has a meaningful EMA at any iteration; one from scratch ships its raw weights
+            param_key = "params" if from_scratch or not decay else "params_ema"
+            kind = "raw (non-EMA)" if param_key == "params" else "EMA"
+            interim = f"interim: the {kind} weights at {upto:,} of {opt['train']['total_iter']:,} iterations. "
             info["notes"] = interim + info["notes"]
         elif from_scratch and decay > 0 and decay ** stages[-1]["iterations"] > 0.01:
             param_key = "params"
@@ -275,8 +316,18 @@ def main(names: list[str]) -> int:
                 f"{decay ** stages[-1]['iterations']:.0%} of its random init. " + info["notes"]
             )
         info["param_key"] = param_key or "params_ema (when the run has an EMA), else params"
+        for stage in info.get("stages", []):
+            stage.setdefault("samples", stage["iterations"] * train["batch_size_per_gpu"])
+        shipped = {p: p.read_bytes() for p in map(Path, (f"weights/{name}.json", f"weights/{name}.safetensors", SETS))
+                   if p.is_file()}  # fmt: skip
         card = export_checkpoint(checkpoint, option, name, "weights", info, param_key)
         print(f"exported {card}")
+        if "val_1" in opt["datasets"]:  # a stage validated on the standard test sets ships only if they improve
+            improved = score_on_the_sets(name, opt["scale"], card, shipped.get(Path(SETS)))
+            if not improved:
+                for path, data in shipped.items():
+                    path.write_bytes(data)
+                raise SystemExit(f"kept weights/{name}: this stage does not improve Set5 and Urban100 (see above)")
     for scale, models in ((4, ["bicubic", "esrt-x4", "nalasr-light-x4"]), (2, ["bicubic", "nalasr-light-x2"])):
         if not set(models) & set(runs):
             continue

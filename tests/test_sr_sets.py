@@ -264,6 +264,33 @@ def test_sr_sets_writes_ours_and_the_published_rows(tmp_path):
     assert result["scales"]["x4"]["Set5"]["bicubic"]["images"] == 2
 
 
+def test_sr_sets_update_scores_only_the_named_weights_and_keeps_the_rest(tmp_path):
+    from nala_gen.bench.sr_sets import quality_caption, quality_main
+
+    sets = made_benchmark(tmp_path)
+    common = ["--data", str(sets), "--sets", "Set5", "B100", "--scales", "4", "--out", str(tmp_path / "out")]
+    assert quality_main([*common, "--models", "bicubic", "nalasr-light-x4"]) == 0
+    path = tmp_path / "out" / "sr_sets.json"
+    first = json.loads(path.read_text())
+    before = first["scales"]["x4"]["Set5"]["bicubic"]
+    # a stand-in for "the bicubic row was scored long ago": --update must keep it as it is
+    first["scales"]["x4"]["Set5"]["bicubic"] = {**before, "psnr": 1.0}
+    first["run"] = "2026-01-01 00:00 UTC"
+    del first["scored"]  # as a file written before --update: each row then counts as scored in the file's run
+    path.write_text(json.dumps(first))
+    assert quality_main([*common, "--models", "nalasr-light-x4", "--update"]) == 0
+    updated = json.loads(path.read_text())
+    assert updated["scales"]["x4"]["Set5"]["bicubic"]["psnr"] == 1.0  # kept, not rescored
+    assert updated["scales"]["x4"]["Set5"]["nalasr-light-x4"] == first["scales"]["x4"]["Set5"]["nalasr-light-x4"]
+    assert (
+        updated["scored"]["bicubic"] == "2026-01-01 00:00 UTC"
+        and updated["scored"]["nalasr-light-x4"] == updated["run"]
+    )
+    assert "`bicubic` 2026-01-01 00:00 UTC" in quality_caption(updated, "x4")
+    with pytest.raises(SystemExit):  # --update without --models: nothing to score, refused
+        quality_main([*common, "--update"])
+
+
 def test_sr_sets_says_which_set_is_missing(tmp_path):
     from nala_gen.bench.sr_sets import quality_main
 

@@ -288,3 +288,18 @@ def test_training_autocast_auto_follows_the_cpu_and_a_typo_is_refused(tmp_path):
     assert training_precision("fp32") == "fp32" and training_precision("bf16") == "bf16"
     with pytest.raises(ValueError, match="autocast must be fp32, bf16 or auto, not 'fp16'"):
         training_model(tmp_path, autocast="fp16")
+
+
+def test_the_sets_stage_follows_stage9_and_ships_only_on_better_set5_and_urban100():
+    """Stage 10 (issue 56) trains on the 490 photographs from stage 9's run and is validated on Set5 and Urban100,
+    which its shipping must improve."""
+    ship = ship_script()
+    stem = "NaLaSR/train_NaLaSR_light_x4"
+    if f"options/train/{stem}_sets.yml" in ship.RUNS["nalasr-light-x4"]:
+        _, sets = assert_chained("nalasr-light-x4", stem, "photos_stage9", "sets")
+    else:  # still training: it starts from stage 9's run, not yet in the ship chain
+        stage9, sets = stage_options(stem, "photos_stage9", "sets")
+        assert sets["path"]["pretrain_network_g"] == f"experiments/{stage9['name']}/models/net_g_latest.pth"
+    assert sets["datasets"]["train"]["name"] in ship.DATA
+    assert ship.validated_on(sets) == "Set5 and Urban100" and set(ship.MUST_IMPROVE) == {"Set5", "Urban100"}
+    assert sets["train"]["ema_decay"] > 0  # an interim save ships its EMA (the stage starts from trained weights)

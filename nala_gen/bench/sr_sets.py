@@ -24,6 +24,7 @@ largest image's. The paper measured on a GPU; its own figures are kept in the JS
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -110,30 +111,46 @@ def quality_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", nargs="+", help="default: bicubic and every shipped SR weight of each scale")
     parser.add_argument("--memory-budget-mb", type=float, default=4096, help="per image pass, for --tile auto")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="score only --models (e.g. newly shipped weights) and keep every other row of the existing sr_sets.json; "
+        "the file records when each model was scored",
+    )
     args = parser.parse_args(argv)
+    if args.update and not args.models:
+        parser.error("--update needs --models: the weights to score again")
     folders = {(s, name): set_folder(args.data, name, s) for s in args.scales for name in args.sets}
     target = check_writable(args.out / "sr_sets.json")
+    run = run_stamp()
     result = {
         "machine": machine_info("cpu"),
-        "run": run_stamp(),
+        "run": run,
         "metric": "PSNR / SSIM on Y, crop_border = scale (BasicSR's calculate_psnr / calculate_ssim)",
         "memory_budget_mb": args.memory_budget_mb,
         "published": PUBLISHED,
         "scales": {},
+        "trained": {},
+        "scored": {},  # model -> the run that scored it
     }
-    result["trained"] = {}
+    if args.update and target.is_file():
+        kept = json.loads(target.read_text())
+        result.update(scales=kept["scales"], trained=kept.get("trained", {}))
+        every = {m for block in kept["scales"].values() for row in block.values() for m in row}
+        result["scored"] = kept.get("scored") or {m: kept["run"] for m in sorted(every)}
     for scale in args.scales:
         models = args.models or ["bicubic", *shipped_models(scale)]
         result["trained"].update({m: training_facts(m) for m in models if m != "bicubic"})
-        block = result["scales"][f"x{scale}"] = {}
+        result["scored"].update({m: run for m in models})
+        block = result["scales"].setdefault(f"x{scale}", {})
         for name in args.sets:
             start = time.perf_counter()
             scores = evaluate(
                 folders[scale, name], scale, models, tile="auto", memory_budget=int(args.memory_budget_mb * 2**20)
             )
-            block[name] = {
-                model: {k: r[k] for k in ("psnr", "ssim", "images", "tiled_images")} for model, r in scores.items()
-            }
+            block.setdefault(name, {}).update(
+                {model: {k: r[k] for k in ("psnr", "ssim", "images", "tiled_images")} for model, r in scores.items()}
+            )
             shown = "  ".join(f"{m} {r['psnr']:.2f}/{r['ssim']:.4f}" for m, r in scores.items())
             print(f"x{scale} {name:<9} {shown}  ({time.perf_counter() - start:.0f} s)", flush=True)
             write_json(target, result, quiet=True)  # after each set: a long run keeps what it measured
@@ -367,10 +384,13 @@ def cost_table(result: dict) -> str:
 
 
 def quality_caption(result: dict, scale: str) -> str:
+    models = {m for row in result["scales"][scale].values() for m in row}
+    earlier = sorted({f"`{m}` {r}" for m, r in result.get("scored", {}).items() if m in models and r != result["run"]})
     return (
         f"`nala-bench sr-sets` ({result['run']}; {cores(result['machine'])}): PSNR / SSIM on Y, crop = scale, "
         f"{scale}. Ours are the shipped weights; the published rows are each paper's own figures for networks "
         "trained on DIV2K."
+        + (f" Scored in an earlier run (`--update` kept them): {', '.join(earlier)}." if earlier else "")
     )
 
 
