@@ -125,10 +125,12 @@ SR_RUNS := NaLaSR/train_NaLaSR_light_x4_mini NaLaSR/train_NaLaSR_light_x4_mini_f
 	NaLaSR/train_NaLaSR_light_x4_photos_stage6 ESRT/train_ESRT_x4_photos_stage6 NaLaSR/train_NaLaSR_light_x2_photos_stage4 \
 	NaLaSR/train_NaLaSR_light_x2_photos_stage5 NaLaSR/train_NaLaSR_light_x4_photos_stage7 ESRT/train_ESRT_x4_photos_stage7 \
 	NaLaSR/train_NaLaSR_light_x4_photos_stage8 ESRT/train_ESRT_x4_photos_stage8 \
-	NaLaSR/train_NaLaSR_light_x4_photos_stage9 ESRT/train_ESRT_x4_photos_stage9
+	NaLaSR/train_NaLaSR_light_x4_photos_stage9 ESRT/train_ESRT_x4_photos_stage9 \
+	NaLaSR/train_NaLaSR_light_x4_sets
 weights-sr: $(STAMP)
 	test -d datasets/mini || $(BIN)/nala-sr prepare mini
 	test -d datasets/photos || $(BIN)/nala-sr prepare photos --install  # Debian's wallpaper packages (root)
+	test -d datasets/train -a -d datasets/Urban100 || $(MAKE) sr-data  # stage 10: the 490 photographs, the test sets
 	for run in $(SR_RUNS); do $(BIN)/python -m nala_gen.sr.train -opt options/train/$$run.yml --auto_resume || exit 1; done
 	PATH=$(BIN):$$PATH $(BIN)/python scripts/ship_sr_weights.py
 

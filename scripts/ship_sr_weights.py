@@ -115,6 +115,7 @@ RUNS = {
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage7.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage8.yml",
         "options/train/NaLaSR/train_NaLaSR_light_x4_photos_stage9.yml",
+        "options/train/NaLaSR/train_NaLaSR_light_x4_sets.yml",
     ],
     "esrt-x4": [
         "options/train/ESRT/train_ESRT_x4_mini.yml",

@@ -170,6 +170,8 @@ RECIPE_REPEATS = [
 ]
 # The last stage each x4 network has shipped (a stage still training is not yet in the ship chain).
 LAST_SHIPPED = {"nalasr-light-x4": "photos_stage9", "esrt-x4": "photos_stage9"}
+# The stage each exports last: NaLaSR's stage 10 on the 490 photographs (issue 56) follows its stage 9.
+LAST_EXPORTED = {"nalasr-light-x4": "sets", "esrt-x4": "photos_stage9"}
 
 
 def shipped(weights: str, stage: str) -> bool:
@@ -193,7 +195,7 @@ def test_a_repeated_stage_is_the_stage_befores_recipe_from_its_run(weights, befo
 
 @pytest.mark.parametrize("weights", list(STAGE4))
 def test_the_last_shipped_stage_is_the_one_exported(weights):
-    assert ship_script().RUNS[weights][-1] == f"options/train/{STAGE4[weights][0]}_{LAST_SHIPPED[weights]}.yml"
+    assert ship_script().RUNS[weights][-1] == f"options/train/{STAGE4[weights][0]}_{LAST_EXPORTED[weights]}.yml"
 
 
 def test_x2_stage4_is_the_x4_stage6_patch_and_rate_at_x2_after_stage3():
